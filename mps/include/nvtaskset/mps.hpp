@@ -1,0 +1,75 @@
+// mps/: find or start the NVIDIA MPS control daemon so that partitioned tasks
+// co-run instead of time-slicing (FACTS.md, "%smid and MPS").
+#pragma once
+
+#include <chrono>
+#include <stdexcept>
+#include <string>
+
+namespace nvtaskset::mps {
+
+// One-line, user-facing message (no "nvtaskset:" prefix: the CLI adds it).
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// The control program's name as NVIDIA ships it.
+inline constexpr const char* kDefaultControlBinary = "nvidia-cuda-mps-control";
+inline constexpr const char* kDefaultPipeDirectory = "/tmp/nvidia-mps";
+inline constexpr const char* kDefaultLogDirectory = "/var/log/nvidia-mps";
+
+struct Options {
+  // Program to run as the control daemon. Default: $NVTASKSET_MPS_CONTROL, else
+  // "nvidia-cuda-mps-control" searched on $PATH. A value with a '/' is used as
+  // a path; a bare name is searched on $PATH.
+  std::string control_binary;
+  // How long to wait, in all, for a started daemon to answer on its control
+  // socket (this bounds the wait for the `-d` parent to exit, too).
+  std::chrono::milliseconds start_timeout{5000};
+};
+
+// $CUDA_MPS_PIPE_DIRECTORY when set and non-empty, else /tmp/nvidia-mps.
+std::string pipe_directory();
+// $CUDA_MPS_LOG_DIRECTORY when set and non-empty (created if missing; the
+// user's choice is kept even when it is not writable: the daemon then reports
+// it), else /var/log/nvidia-mps, else (when that is not writable or cannot be
+// created, e.g. as a non-root user) $XDG_RUNTIME_DIR/nvidia-mps-log, else
+// /tmp/nvidia-mps-log-<uid> (mode 0700, must be a real directory owned by the
+// user). The fallback result exists and is writable; throws Error otherwise.
+std::string log_directory();
+
+// True iff a SOCK_SEQPACKET unix socket connects to <pipe dir>/control.
+bool daemon_running(const std::string& pipe_dir);
+
+struct EnsureResult {
+  bool started = false;  // false: a daemon was already running
+  std::string pipe_dir;
+  std::string log_dir;         // empty when a daemon was already running
+  // How to invoke the control program that was started: the bare name when it
+  // was found on $PATH, else the path. Empty when nothing was started.
+  std::string control_binary;
+};
+
+// Makes sure a control daemon answers at pipe_directory(). Starts one with
+// fork/exec of `<control_binary> -d` (never system()), passing the pipe and
+// log directories in its environment, and waits until it answers. The pipe
+// directory is created if missing. Throws Error with a one-line message when
+// the binary is missing, exits non-zero, or does not answer in time. When the
+// start fails only because another process started a daemon at the same time,
+// returns started=false.
+EnsureResult ensure_daemon(const Options& opts = {});
+
+// The line the CLI prints to stderr after starting a daemon, saying how to stop it.
+std::string started_message(const EnsureResult& r);
+
+namespace detail {
+// Where log_directory() looks, injectable so tests can make the system
+// directory unwritable even when they run as root.
+struct LogDirDefaults {
+  std::string system_dir = kDefaultLogDirectory;
+  std::string tmp_dir = "/tmp";
+};
+std::string log_directory(const LogDirDefaults& defaults);
+}  // namespace detail
+
+}  // namespace nvtaskset::mps

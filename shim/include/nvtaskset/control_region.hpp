@@ -1,0 +1,140 @@
+// The per-process control region: a small shared-memory object through which
+// `nvtaskset -p` changes a running task's partition and the shim's launch
+// callback reads it.
+//
+// Layout rules (it is shared between processes, possibly of different builds):
+//   * only fixed-width integers and lock-free std::atomic of them;
+//   * a magic/version header checked on attach; the magic is stored last, with
+//     release order, so an attacher never sees a half-built region;
+//   * the mask is double-buffered and each buffer is a seqlock, so the reader
+//     (the launch callback) never blocks, never allocates, and never sees a
+//     torn 128-bit value. Writers serialise with flock() on the region's file,
+//     which the kernel drops if a writer dies; a writer killed mid-write can
+//     only leave the buffer that is NOT published half-written.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "nvtaskset/partition.hpp"
+
+namespace nvtaskset::ctl {
+
+inline constexpr std::uint32_t kMagic = 0x5354564eu;  // "NVTS"
+inline constexpr std::uint32_t kVersion = 1;
+inline constexpr unsigned kMaxDevices = 8;
+
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
+              "the control region needs address-free 64-bit atomics");
+
+// One seqlocked copy of a partition.
+struct MaskBuffer {
+  std::atomic<std::uint64_t> seq;  // odd while being written
+  std::atomic<std::uint64_t> kind;
+  std::atomic<std::uint64_t> enabled[2];  // physical enable bits, lo/hi
+  std::atomic<std::uint64_t> tpcs[2];
+  std::atomic<std::uint64_t> gpcs[2];
+};
+
+struct DeviceEntry {
+  std::atomic<std::uint32_t> in_use;  // 0 = free slot
+  std::uint32_t reserved;
+  std::uint8_t uuid[16];                  // all zero = any device
+  std::atomic<std::uint64_t> generation;  // buffer[generation & 1] is current
+  MaskBuffer buffer[2];
+};
+
+struct Header {
+  std::atomic<std::uint32_t> magic;
+  std::uint32_t version;
+  std::uint32_t size;  // sizeof(Header) of the creator
+  std::int32_t pid;
+  std::uint64_t start_time;  // /proc/<pid>/stat field 22, detects PID reuse
+  std::uint32_t uid;
+  std::uint32_t reserved;
+  // Written by the shim, read by the CLI. Relaxed counters.
+  std::atomic<std::uint64_t> kernels_launched;
+  std::atomic<std::uint64_t> kernels_masked;
+  std::atomic<std::uint64_t> kernels_unsupported;  // unknown TMD layout while partitioned
+  std::atomic<std::uint32_t> last_tmd_version;     // QMD version byte of the last TMD seen
+  std::atomic<std::uint32_t> callback_registered;  // 1 once one shim instance registered
+  DeviceEntry devices[kMaxDevices];
+};
+
+// Lock-free read of one device entry, for the launch callback. Returns false
+// when the entry holds no partition. Never blocks: it retries only while a
+// writer overwrote the very buffer it was reading, which takes two complete
+// publications during one read of a few nanoseconds.
+inline bool read_enabled(const DeviceEntry& e, std::uint64_t& lo, std::uint64_t& hi) noexcept {
+  for (;;) {
+    const std::uint64_t gen = e.generation.load(std::memory_order_acquire);
+    const MaskBuffer& b = e.buffer[gen & 1];
+    const std::uint64_t s1 = b.seq.load(std::memory_order_acquire);
+    if (s1 & 1) continue;
+    const std::uint64_t kind = b.kind.load(std::memory_order_relaxed);
+    lo = b.enabled[0].load(std::memory_order_relaxed);
+    hi = b.enabled[1].load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (b.seq.load(std::memory_order_relaxed) == s1) return kind != 0;
+  }
+}
+
+// Errors meant for the user: what() is one line.
+struct Error : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// Name of the region of a PID (Boost.Interprocess shared-memory name).
+std::string region_name(pid_t pid);
+// /proc/<pid>/stat field 22, or 0 when the process does not exist.
+std::uint64_t process_start_time(pid_t pid);
+
+class Region {
+ public:
+  // Shim side: create (or take over a stale) region for the calling process,
+  // owner-only (0600), seeded with `initial`. Throws Error.
+  static std::unique_ptr<Region> create_for_self(const std::vector<DevicePartition>& initial);
+  // CLI side: attach to a live process's region. Throws Error with messages
+  // such as "pid 42 is not running under nvtaskset" or "permission denied".
+  static std::unique_ptr<Region> attach(pid_t pid);
+  // Removes regions whose process is gone or whose PID was reused; returns
+  // how many were removed. Regions of other users are left alone.
+  static unsigned remove_stale();
+  ~Region();
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+
+  Header& header() noexcept { return *header_; }
+  const Header& header() const noexcept { return *header_; }
+  pid_t pid() const noexcept { return header_->pid; }
+
+  // All entries in use (consistent snapshot of each).
+  std::vector<DevicePartition> read_all() const;
+  // Replace the partition of `device` (adding an entry if needed). Writers
+  // are serialised across processes. Throws Error when all slots are taken.
+  void write(const DevicePartition& dp);
+  // Remove the region's name (the mapping stays valid until destruction).
+  void unlink() noexcept;
+
+ private:
+  struct Impl;  // Boost.Interprocess objects
+  explicit Region(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  Header* header_ = nullptr;
+};
+
+// Reads one entry's current partition (consistent snapshot).
+Partition read_partition(const DeviceEntry& e) noexcept;
+
+// Initialises a zeroed Header for the calling process with `initial`
+// partitions. Used for shared regions and, when no region can be created, for
+// a process-local header so the partition still applies.
+void init_header(Header& h, const std::vector<DevicePartition>& initial);
+
+}  // namespace nvtaskset::ctl

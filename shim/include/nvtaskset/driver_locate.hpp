@@ -1,0 +1,50 @@
+// Finding the real NVIDIA driver library, never the shim.
+//
+// The shim is itself named libcuda.so.1, so dlopen("libcuda.so.1") would
+// return the shim. The real driver is searched, in order:
+//   1. $NVTASKSET_REAL_LIBCUDA, if set (an error if it is unusable: the user
+//      asked for exactly that file);
+//   2. every libcuda.so.1 entry of the loader cache (/etc/ld.so.cache);
+//   3. the usual driver directories (distribution multiarch dirs, /usr/lib64,
+//      /usr/local/nvidia/lib64, /usr/lib/wsl/lib, ...).
+// Only files named libcuda.so.1 (or what the variable names) are considered:
+// no unversioned libcuda.so symlink is needed. A candidate is skipped when it
+// is the same file as any shim (same device and inode as an excluded path) or
+// carries the shim's ELF note (kShimNoteName), so a second copy of the shim is
+// never mistaken for the driver, and never dlopen()ed to find out.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace nvtaskset {
+
+inline constexpr const char* kRealDriverEnv = "NVTASKSET_REAL_LIBCUDA";
+// The ELF note owner name the shim carries (section .note.nvtaskset).
+inline constexpr const char* kShimNoteName = "nvtaskset";
+
+struct LocateOptions {
+  // Paths of shim copies to skip (compared by device and inode).
+  std::vector<std::string> exclude;
+  // Overrides for tests; empty means the real defaults.
+  std::string ld_cache_path;             // default /etc/ld.so.cache
+  std::vector<std::string> search_dirs;  // default: the usual driver directories
+  bool use_env = true;                   // honour NVTASKSET_REAL_LIBCUDA
+};
+
+// All entries for `soname` in a glibc loader cache file (new format,
+// "glibc-ld.so.cache1.1", alone or after the old format), in cache order.
+// Returns an empty list for a missing or malformed file.
+std::vector<std::string> ld_cache_lookup(const std::string& cache_path, const std::string& soname);
+
+// True when the ELF file at `path` carries the shim's note.
+bool is_shim_library(const std::string& path);
+
+// The first usable real-driver path, or "" with *why set to a one-line reason.
+std::string locate_real_driver(const LocateOptions& opts, std::string* why);
+
+// dlopen()s the real driver (RTLD_NOW | RTLD_GLOBAL). Returns nullptr with
+// *why set on failure.
+void* open_real_driver(const LocateOptions& opts, std::string* why, std::string* path_out = nullptr);
+
+}  // namespace nvtaskset

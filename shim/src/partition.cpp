@@ -1,0 +1,108 @@
+#include "nvtaskset/partition.hpp"
+
+#include <cctype>
+#include <cstdio>
+#include <stdexcept>
+
+namespace nvtaskset {
+namespace {
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  return -1;
+}
+
+// Strict "0x..." parser for the machine-written encoding (at most 32 digits).
+Bits128 parse_hex128(std::string_view s) {
+  if (s.size() < 3 || s[0] != '0' || s[1] != 'x' || s.size() > 34)
+    throw std::invalid_argument("bad hex field '" + std::string(s) + "'");
+  Bits128 b;
+  for (char c : s.substr(2)) {
+    const int v = hex_value(c);
+    if (v < 0) throw std::invalid_argument("bad hex field '" + std::string(s) + "'");
+    b.hi = (b.hi << 4) | (b.lo >> 60);
+    b.lo = (b.lo << 4) | static_cast<unsigned>(v);
+  }
+  return b;
+}
+
+std::vector<std::string_view> split(std::string_view s, char sep) {
+  std::vector<std::string_view> out;
+  std::size_t start = 0;
+  for (;;) {
+    const std::size_t pos = s.find(sep, start);
+    out.push_back(s.substr(start, pos - start));
+    if (pos == std::string_view::npos) break;
+    start = pos + 1;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string uuid_to_string(const DeviceUuid& u) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf,
+                "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+                u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+  return buf;
+}
+
+std::optional<DeviceUuid> uuid_from_string(std::string_view s) {
+  if (s.substr(0, 4) == "GPU-") s.remove_prefix(4);
+  DeviceUuid u{};
+  unsigned nibbles = 0;
+  for (char c : s) {
+    if (c == '-') continue;
+    const int v = hex_value(c);
+    if (v < 0 || nibbles >= 32) return std::nullopt;
+    u[nibbles / 2] = static_cast<std::uint8_t>(u[nibbles / 2] | (v << (nibbles % 2 ? 0 : 4)));
+    ++nibbles;
+  }
+  if (nibbles != 32) return std::nullopt;
+  return u;
+}
+
+std::string encode_partitions(const std::vector<DevicePartition>& parts) {
+  std::string out;
+  for (const auto& dp : parts) {
+    if (!out.empty()) out += ';';
+    out += dp.device == kAnyDevice ? std::string("*") : uuid_to_string(dp.device);
+    out += ',' + std::to_string(static_cast<unsigned>(dp.partition.kind));
+    out += ',' + dp.partition.enabled.bits.to_hex();
+    out += ',' + dp.partition.tpcs.bits.to_hex();
+    out += ',' + dp.partition.gpcs.bits.to_hex();
+  }
+  return out;
+}
+
+std::vector<DevicePartition> decode_partitions(std::string_view text) {
+  std::vector<DevicePartition> out;
+  if (text.empty()) return out;
+  for (std::string_view entry : split(text, ';')) {
+    const auto f = split(entry, ',');
+    if (f.size() != 5) throw std::invalid_argument("bad partition entry '" + std::string(entry) + "'");
+    DevicePartition dp;
+    if (f[0] != "*") {
+      auto u = uuid_from_string(f[0]);
+      if (!u) throw std::invalid_argument("bad device '" + std::string(f[0]) + "'");
+      dp.device = *u;
+    }
+    if (f[1].size() != 1 || f[1][0] < '0' || f[1][0] > '4')
+      throw std::invalid_argument("bad partition kind '" + std::string(f[1]) + "'");
+    dp.partition.kind = static_cast<SpecKind>(f[1][0] - '0');
+    dp.partition.enabled.bits = parse_hex128(f[2]);
+    dp.partition.tpcs.bits = parse_hex128(f[3]);
+    dp.partition.gpcs.bits = parse_hex128(f[4]);
+    if (dp.partition.active() && dp.partition.enabled.empty())
+      throw std::invalid_argument("partition enables no TPC");
+    for (const auto& prev : out)
+      if (prev.device == dp.device) throw std::invalid_argument("device given twice");
+    out.push_back(dp);
+  }
+  return out;
+}
+
+}  // namespace nvtaskset
