@@ -63,7 +63,7 @@ struct Header {
   std::atomic<std::uint64_t> kernels_masked;
   std::atomic<std::uint64_t> kernels_unsupported;  // unknown TMD layout while partitioned
   std::atomic<std::uint32_t> last_tmd_version;     // QMD version byte of the last TMD seen
-  std::atomic<std::uint32_t> callback_registered;  // 1 once one shim instance registered
+  std::atomic<std::uint32_t> callback_registered;  // non-zero: the token of the process image whose shim subscribed
   DeviceEntry devices[kMaxDevices];
 };
 

@@ -1,17 +1,25 @@
 // Finding the real NVIDIA driver library, never the shim.
 //
 // The shim is itself named libcuda.so.1, so dlopen("libcuda.so.1") would
-// return the shim. The real driver is searched, in order:
+// return the shim. The real driver is searched, in order (the loader's own
+// order, so the driver found is the one the program would have loaded):
 //   1. $NVTASKSET_REAL_LIBCUDA, if set (an error if it is unusable: the user
 //      asked for exactly that file);
-//   2. every libcuda.so.1 entry of the loader cache (/etc/ld.so.cache);
-//   3. the usual driver directories (distribution multiarch dirs, /usr/lib64,
+//   2. libcuda.so.1 in each directory of $LD_LIBRARY_PATH, in order (e.g. the
+//      CUDA forward-compatibility driver; the shim's own directory, which the
+//      CLI puts first, is skipped like any shim); empty elements and elements
+//      with $ORIGIN-style tokens are ignored;
+//   3. every libcuda.so.1 entry of the loader cache (/etc/ld.so.cache);
+//   4. the usual driver directories (distribution multiarch dirs, /usr/lib64,
 //      /usr/local/nvidia/lib64, /usr/lib/wsl/lib, ...).
 // Only files named libcuda.so.1 (or what the variable names) are considered:
 // no unversioned libcuda.so symlink is needed. A candidate is skipped when it
 // is the same file as any shim (same device and inode as an excluded path) or
 // carries the shim's ELF note (kShimNoteName), so a second copy of the shim is
-// never mistaken for the driver, and never dlopen()ed to find out.
+// never mistaken for the driver, and never dlopen()ed to find out; also when
+// it is not an ELF shared library for this machine (a 32-bit driver listed in
+// the cache). open_real_driver() tries the next usable candidate when dlopen()
+// fails, except for $NVTASKSET_REAL_LIBCUDA.
 #pragma once
 
 #include <string>
