@@ -44,7 +44,7 @@ bool daemon_running(const std::string& pipe_dir);
 struct EnsureResult {
   bool started = false;  // false: a daemon was already running
   std::string pipe_dir;
-  std::string log_dir;         // empty when a daemon was already running
+  std::string log_dir;  // empty when a daemon was already running
   // How to invoke the control program that was started: the bare name when it
   // was found on $PATH, else the path. Empty when nothing was started.
   std::string control_binary;
@@ -59,7 +59,8 @@ struct EnsureResult {
 // returns started=false.
 EnsureResult ensure_daemon(const Options& opts = {});
 
-// The line the CLI prints to stderr after starting a daemon, saying how to stop it.
+// The line the CLI prints to stderr after starting a daemon, saying how to stop
+// it (no trailing newline); empty when r.started is false.
 std::string started_message(const EnsureResult& r);
 
 namespace detail {

@@ -1,0 +1,580 @@
+// Find or start the NVIDIA MPS control daemon (FACTS.md, "%smid and MPS").
+//
+// The reference tool started MPS through system(); we fork/exec the control
+// program directly, give it only stdin=/dev/null and a captured stdout/stderr,
+// and bound every wait so that a daemon that never answers cannot hang the CLI.
+#include "nvtaskset/mps.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+extern char** environ;
+
+namespace nvtaskset::mps {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// Closes an fd on scope exit; -1 means none.
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  ~Fd() { reset(); }
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+std::optional<std::string> env_nonempty(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+bool is_dir(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// Writable for the effective user (AT_EACCESS): that is who the daemon runs as.
+bool is_writable_dir(const std::string& p) {
+  return is_dir(p) && ::faccessat(AT_FDCWD, p.c_str(), W_OK | X_OK, AT_EACCESS) == 0;
+}
+
+// mkdir -p. Returns 0 or the errno of the failing step.
+int make_dirs(const std::string& path, mode_t mode) {
+  if (path.empty()) return ENOENT;
+  std::string cur;
+  size_t pos = 0;
+  while (pos != std::string::npos) {
+    size_t next = path.find('/', pos + 1);
+    cur = path.substr(0, next);
+    pos = next;
+    if (cur.empty() || cur == "/") continue;
+    if (::mkdir(cur.c_str(), mode) != 0 && errno != EEXIST) return errno;
+  }
+  return is_dir(path) ? 0 : ENOTDIR;
+}
+
+// A per-user fallback directory: created 0700, and accepted only when it is a
+// real directory (not a symlink) owned by us, since /tmp is shared and another
+// user could have planted the name first.
+bool private_dir_ok(const std::string& dir, std::string* why) {
+  if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    *why = errno_text(errno);
+    return false;
+  }
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) {
+    *why = errno_text(errno);
+    return false;
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    *why = "not a directory";
+    return false;
+  }
+  if (st.st_uid != ::geteuid()) {
+    *why = fmt::format("owned by uid {}, not by uid {}", st.st_uid, ::geteuid());
+    return false;
+  }
+  if (!is_writable_dir(dir)) {
+    *why = "not writable";
+    return false;
+  }
+  return true;
+}
+
+bool contains_shell_special(std::string_view s) {
+  if (s.empty()) return true;
+  return std::any_of(s.begin(), s.end(), [](char c) {
+    return !(std::isalnum(static_cast<unsigned char>(c)) ||
+             std::strchr("/._-+=:,@%", c) != nullptr);
+  });
+}
+
+// Quote for a POSIX shell, so the printed stop command can be pasted.
+std::string shell_quote(std::string_view s) {
+  if (!contains_shell_special(s)) return std::string(s);
+  std::string out = "'";
+  for (char c : s) {
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
+  }
+  out += '\'';
+  return out;
+}
+
+std::string control_socket_path(const std::string& pipe_dir) { return pipe_dir + "/control"; }
+
+bool fill_sockaddr(const std::string& path, sockaddr_un* addr) {
+  std::memset(addr, 0, sizeof(*addr));
+  addr->sun_family = AF_UNIX;
+  if (path.size() >= sizeof(addr->sun_path)) return false;
+  std::memcpy(addr->sun_path, path.c_str(), path.size() + 1);
+  return true;
+}
+
+// ---------------------------------------------------------------------------
+// Locating the control program.
+
+struct Binary {
+  std::string exec_path;  // what execve() gets
+  std::string display;    // what the user types (bare name when found on $PATH)
+};
+
+// `where` is "" or " on $PATH"; `origin` says where the name came from.
+[[noreturn]] void throw_missing(const std::string& name, const char* where,
+                                const std::string& origin) {
+  throw Error(fmt::format(
+      "cannot start the MPS control daemon: {} not found{}{}; install the NVIDIA MPS tools "
+      "({}) or use --no-mps",
+      name, where, origin, kDefaultControlBinary));
+}
+
+bool is_executable_file(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+         ::faccessat(AT_FDCWD, p.c_str(), X_OK, AT_EACCESS) == 0;
+}
+
+Binary resolve_binary(const Options& opts) {
+  std::string name = opts.control_binary;
+  std::string origin;
+  if (name.empty()) {
+    if (auto e = env_nonempty("NVTASKSET_MPS_CONTROL")) {
+      name = *e;
+      origin = " (from $NVTASKSET_MPS_CONTROL)";
+    } else {
+      name = kDefaultControlBinary;
+    }
+  }
+
+  if (name.find('/') != std::string::npos) {
+    struct stat st {};
+    if (::stat(name.c_str(), &st) != 0) throw_missing(name, "", origin);
+    if (!is_executable_file(name))
+      throw Error(fmt::format(
+          "cannot start the MPS control daemon: {}{} is not an executable file; install the "
+          "NVIDIA MPS tools ({}) or use --no-mps",
+          name, origin, kDefaultControlBinary));
+    return {name, name};
+  }
+
+  // execvp() semantics, done here so a missing program is reported before we
+  // fork, with a message that says which $PATH was searched.
+  std::string path;
+  if (auto p = env_nonempty("PATH")) {
+    path = *p;
+  } else {
+    path = "/usr/local/bin:/usr/bin:/bin";
+  }
+  size_t start = 0;
+  while (start <= path.size()) {
+    size_t end = path.find(':', start);
+    if (end == std::string::npos) end = path.size();
+    std::string dir = path.substr(start, end - start);
+    if (dir.empty()) dir = ".";  // an empty $PATH entry means the current directory
+    std::string cand = dir + "/" + name;
+    if (is_executable_file(cand)) {
+      spdlog::debug("mps: found {} at {}", name, cand);
+      return {cand, name};
+    }
+    start = end + 1;
+  }
+  throw_missing(name, " on $PATH", origin);
+}
+
+// ---------------------------------------------------------------------------
+// Running `<binary> -d`.
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return fmt::format("was killed by signal {} ({})", WTERMSIG(status),
+                       ::strsignal(WTERMSIG(status)));
+  }
+  return fmt::format("ended with wait status {:#x}", status);
+}
+
+// The first non-empty line the program printed, for the one-line error.
+std::string first_output_line(int fd) {
+  if (fd < 0) return {};
+  char buf[4096];
+  ssize_t n = ::pread(fd, buf, sizeof(buf), 0);
+  if (n <= 0) return {};
+  std::string_view all(buf, static_cast<size_t>(n));
+  spdlog::debug("mps: control program output: {}", all);
+  size_t pos = 0;
+  while (pos < all.size()) {
+    size_t end = all.find('\n', pos);
+    if (end == std::string_view::npos) end = all.size();
+    std::string_view line = all.substr(pos, end - pos);
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back())))
+      line.remove_suffix(1);
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.front())))
+      line.remove_prefix(1);
+    if (!line.empty()) {
+      std::string out(line.substr(0, 200));
+      for (char& c : out)
+        if (static_cast<unsigned char>(c) < 0x20) c = ' ';
+      return out;
+    }
+    pos = end + 1;
+  }
+  return {};
+}
+
+// Returns an fd >= 3 (so the child's dup2 onto 0..2 never has old == new,
+// which would keep FD_CLOEXEC set and lose the stream at exec).
+int above_stdio(int fd) {
+  if (fd < 0 || fd > 2) return fd;
+  int hi = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
+  ::close(fd);
+  return hi;
+}
+
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+
+struct Child {
+  pid_t pid = -1;
+  Fd output;  // memfd with its stdout/stderr (may be -1)
+};
+
+// fork + execve. posix_spawn would do, but closing every inherited fd in the
+// child needs posix_spawn_file_actions_addclosefrom_np (glibc 2.34), newer
+// than some machines the CLI is copied to. Only async-signal-safe calls run
+// between fork and exec (the caller may have threads, e.g. spdlog sinks).
+Child spawn_daemon(const Binary& bin, const std::string& pipe_dir, const std::string& log_dir) {
+  // Environment: ours, with the pipe and log directories forced, so the
+  // daemon and every MPS server it starts use the directories we checked.
+  std::vector<std::string> env_store;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    std::string_view kv(*e);
+    if (kv.starts_with("CUDA_MPS_PIPE_DIRECTORY=") || kv.starts_with("CUDA_MPS_LOG_DIRECTORY="))
+      continue;
+    env_store.emplace_back(kv);
+  }
+  env_store.push_back("CUDA_MPS_PIPE_DIRECTORY=" + pipe_dir);
+  env_store.push_back("CUDA_MPS_LOG_DIRECTORY=" + log_dir);
+  std::vector<char*> envp;
+  for (auto& s : env_store) envp.push_back(s.data());
+  envp.push_back(nullptr);
+
+  std::string arg0 = bin.exec_path, arg1 = "-d";
+  char* argv[] = {arg0.data(), arg1.data(), nullptr};
+
+  Fd devnull(above_stdio(::open("/dev/null", O_RDWR | O_CLOEXEC)));
+  if (devnull.get() < 0)
+    throw Error(
+        fmt::format("cannot start the MPS control daemon: /dev/null: {}", errno_text(errno)));
+  // Capture stdout/stderr in memory, not a pipe: the daemonized grandchild
+  // may keep them open for its whole life, and a pipe would then never reach
+  // EOF (nor may it be the CLI's own stderr: `nvtaskset ... 2>&1 | cat` would
+  // wait for the daemon to quit).
+  Fd output(above_stdio(::memfd_create("nvtaskset-mps-control", MFD_CLOEXEC)));
+  if (output.get() < 0)
+    spdlog::debug("mps: memfd_create failed ({}); output discarded", errno_text(errno));
+  const int out_fd = output.get() >= 0 ? output.get() : devnull.get();
+
+  int errpipe[2];
+  if (::pipe2(errpipe, O_CLOEXEC) != 0)
+    throw Error(fmt::format("cannot start the MPS control daemon: pipe: {}", errno_text(errno)));
+  Fd err_r(errpipe[0]), err_w(above_stdio(errpipe[1]));
+
+  struct rlimit rl {};
+  long max_fd = (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+                    ? static_cast<long>(rl.rlim_cur)
+                    : 65536;
+  max_fd = std::min(max_fd, 65536L);
+  const int keep = err_w.get();
+
+  pid_t pid = ::fork();
+  if (pid < 0)
+    throw Error(fmt::format("cannot start the MPS control daemon: fork: {}", errno_text(errno)));
+  if (pid == 0) {
+    // Child. Undo what the CLI's signal state would otherwise hand on to a
+    // long-lived daemon: a blocked mask and ignored signals survive exec.
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    for (int s = 1; s < NSIG; ++s)
+      if (s != SIGKILL && s != SIGSTOP) ::sigaction(s, &dfl, nullptr);
+
+    if (::dup2(devnull.get(), 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(out_fd, 2) < 0) {
+      int e = errno;
+      (void)!::write(keep, &e, sizeof(e));
+      ::_exit(127);
+    }
+    // No stray fds: close everything above stdio except the exec-error pipe
+    // (which is close-on-exec itself).
+    auto close_from_to = [&](unsigned lo, unsigned hi) {
+      if (lo > hi) return;
+      if (::syscall(SYS_close_range, lo, hi, 0) != 0)
+        for (long fd = lo; fd <= std::min<long>(hi, max_fd); ++fd) ::close(static_cast<int>(fd));
+    };
+    close_from_to(3, static_cast<unsigned>(keep) - 1);
+    close_from_to(static_cast<unsigned>(keep) + 1, ~0U);
+    ::execve(argv[0], argv, envp.data());
+    int e = errno;
+    (void)!::write(keep, &e, sizeof(e));
+    ::_exit(127);
+  }
+
+  // Parent: the pipe reads EOF at exec, or the errno if exec failed. exec is
+  // immediate, so this read is bounded by the child's own few syscalls.
+  err_w.reset();
+  int child_errno = 0;
+  ssize_t n;
+  do {
+    n = ::read(err_r.get(), &child_errno, sizeof(child_errno));
+  } while (n < 0 && errno == EINTR);
+  if (n == static_cast<ssize_t>(sizeof(child_errno))) {
+    int st = 0;
+    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+    }
+    if (child_errno == ENOENT) throw_missing(bin.exec_path, "", "");
+    throw Error(fmt::format("cannot start the MPS control daemon: cannot run {}: {}", bin.exec_path,
+                            errno_text(child_errno)));
+  }
+  return Child{pid, std::move(output)};
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+
+std::string pipe_directory() {
+  return env_nonempty("CUDA_MPS_PIPE_DIRECTORY").value_or(kDefaultPipeDirectory);
+}
+
+std::string detail::log_directory(const LogDirDefaults& defaults) {
+  if (auto dir = env_nonempty("CUDA_MPS_LOG_DIRECTORY")) {
+    // The user's explicit choice wins even if unusable; the daemon's own
+    // error then names it, which beats silently logging somewhere else.
+    if (int e = make_dirs(*dir, 0755); e != 0)
+      spdlog::debug("mps: cannot create CUDA_MPS_LOG_DIRECTORY {}: {}", *dir, errno_text(e));
+    else if (!is_writable_dir(*dir))
+      spdlog::debug("mps: CUDA_MPS_LOG_DIRECTORY {} is not writable", *dir);
+    return *dir;
+  }
+
+  // /var/log is root's: a non-root user can neither create nor write
+  // /var/log/nvidia-mps, and the daemon would then fail to start.
+  const std::string& sys = defaults.system_dir;
+  if (is_writable_dir(sys)) return sys;
+  if (!is_dir(sys)) {
+    int e = make_dirs(sys, 0755);
+    if (e == 0 && is_writable_dir(sys)) return sys;
+    spdlog::debug("mps: cannot create {}: {}", sys, errno_text(e == 0 ? EACCES : e));
+  } else {
+    spdlog::debug("mps: {} is not writable", sys);
+  }
+
+  std::string why;
+  if (auto xdg = env_nonempty("XDG_RUNTIME_DIR");
+      xdg && xdg->front() == '/' && is_writable_dir(*xdg)) {
+    std::string dir = *xdg + "/nvidia-mps-log";
+    if (private_dir_ok(dir, &why)) {
+      spdlog::debug("mps: log directory falls back to {}", dir);
+      return dir;
+    }
+    spdlog::debug("mps: cannot use {}: {}", dir, why);
+  }
+
+  std::string dir = fmt::format("{}/nvidia-mps-log-{}", defaults.tmp_dir, ::geteuid());
+  if (private_dir_ok(dir, &why)) {
+    spdlog::debug("mps: log directory falls back to {}", dir);
+    return dir;
+  }
+  throw Error(fmt::format(
+      "no usable MPS log directory: {} is not writable and {} is {}; set CUDA_MPS_LOG_DIRECTORY",
+      sys, dir, why));
+}
+
+std::string log_directory() { return detail::log_directory({}); }
+
+namespace {
+// 0 when a daemon listens at <pipe dir>/control, else the errno of the probe.
+int probe_daemon(const std::string& path) {
+  sockaddr_un addr{};
+  if (!fill_sockaddr(path, &addr)) return ENAMETOOLONG;
+  // Non-blocking: a connect() to a listener whose backlog is full would
+  // otherwise block, and EAGAIN already proves that a daemon listens.
+  Fd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (s.get() < 0) return errno;
+  int rc;
+  do {
+    rc = ::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  } while (rc != 0 && errno == EINTR);
+  // A SOCK_STREAM listener at the path (not the MPS daemon) gives EPROTOTYPE;
+  // a socket file left by a dead daemon gives ECONNREFUSED.
+  return (rc == 0 || errno == EAGAIN) ? 0 : errno;
+}
+}  // namespace
+
+bool daemon_running(const std::string& pipe_dir) {
+  const std::string path = control_socket_path(pipe_dir);
+  if (int e = probe_daemon(path); e != 0) {
+    spdlog::debug("mps: no control daemon at {}: {}", path, errno_text(e));
+    return false;
+  }
+  spdlog::debug("mps: control daemon answers at {}", path);
+  return true;
+}
+
+EnsureResult ensure_daemon(const Options& opts) {
+  EnsureResult r;
+  r.pipe_dir = pipe_directory();
+  const std::string sock = control_socket_path(r.pipe_dir);
+  if (sockaddr_un addr{}; !fill_sockaddr(sock, &addr))
+    throw Error(
+        fmt::format("MPS pipe directory {} is too long: a unix socket path has at most {} bytes",
+                    r.pipe_dir, sizeof(addr.sun_path) - 1));
+
+  if (daemon_running(r.pipe_dir)) return r;
+
+  const Binary bin = resolve_binary(opts);
+  r.log_dir = log_directory();
+  if (int e = make_dirs(r.pipe_dir, 0755); e != 0)
+    throw Error(
+        fmt::format("cannot create the MPS pipe directory {}: {}", r.pipe_dir, errno_text(e)));
+
+  const auto t0 = Clock::now();
+  auto deadline = t0 + opts.start_timeout;
+  spdlog::debug("mps: starting `{} -d` (pipe directory {}, log directory {}, timeout {} ms)",
+                bin.exec_path, r.pipe_dir, r.log_dir, opts.start_timeout.count());
+  Child child = spawn_daemon(bin, r.pipe_dir, r.log_dir);
+  bool reaped = false;
+  bool answered = false;
+  auto elapsed_ms = [&] {
+    return std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count();
+  };
+
+  // Poll both the `-d` parent (it exits once it has daemonized) and the
+  // socket. Short sleeps first: the real daemon answers within milliseconds.
+  milliseconds step{2};
+  for (;;) {
+    if (!reaped) {
+      int st = 0;
+      pid_t w = ::waitpid(child.pid, &st, WNOHANG);
+      if (w == child.pid) {
+        reaped = true;
+        spdlog::debug("mps: `{} -d` {} after {} ms", bin.exec_path, describe_status(st),
+                      elapsed_ms());
+        if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !answered) {
+          // Two CLIs racing to start the daemon: the loser's control program
+          // refuses to start a second instance; the winner's daemon serves both.
+          if (daemon_running(r.pipe_dir)) {
+            spdlog::debug("mps: another process started the daemon meanwhile");
+            return r;
+          }
+          std::string out = first_output_line(child.output.get());
+          throw Error(fmt::format(
+              "cannot start the MPS control daemon: `{} -d` {} (log directory {}){}{}",
+              bin.exec_path, describe_status(st), r.log_dir, out.empty() ? "" : ": ", out));
+        }
+      } else if (w < 0 && errno == ECHILD) {
+        // Someone else reaped it (SIGCHLD ignored by the caller): the status
+        // is lost, the socket still tells.
+        reaped = true;
+        spdlog::debug("mps: cannot wait for `{} -d`: {}", bin.exec_path, errno_text(errno));
+      }
+    }
+    // Probed quietly: this loop runs up to a hundred times.
+    if (!answered && probe_daemon(sock) == 0) {
+      answered = true;
+      spdlog::debug("mps: daemon answered after {} ms", elapsed_ms());
+      // Give the `-d` parent a moment to exit so it is reaped, not left as a
+      // zombie for the program the CLI execs next; but success is decided.
+      deadline = std::min(deadline, Clock::now() + milliseconds{250});
+    }
+    if (answered && reaped) break;
+    if (Clock::now() >= deadline) break;
+    auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now());
+    std::this_thread::sleep_for(std::max(milliseconds{1}, std::min(step, left)));
+    step = std::min(step * 2, milliseconds{50});
+  }
+
+  if (answered) {
+    // A control program that answers but stays in the foreground is left
+    // running; it is not an error.
+    if (!reaped) spdlog::debug("mps: `{} -d` is still running; leaving it", bin.exec_path);
+    r.started = true;
+    r.control_binary = bin.display;
+    return r;
+  }
+
+  if (!reaped) {
+    ::kill(child.pid, SIGKILL);
+    int st = 0;
+    while (::waitpid(child.pid, &st, 0) < 0 && errno == EINTR) {
+    }
+  }
+  std::string out = first_output_line(child.output.get());
+  throw Error(fmt::format(
+      "cannot start the MPS control daemon: `{} -d` did not answer on {} within {} ms (log "
+      "directory {}){}{}",
+      bin.exec_path, sock, opts.start_timeout.count(), r.log_dir, out.empty() ? "" : ": ", out));
+}
+
+std::string started_message(const EnsureResult& r) {
+  if (!r.started) return {};
+  std::string bin =
+      r.control_binary.empty() ? std::string(kDefaultControlBinary) : r.control_binary;
+  std::string prefix;
+  if (r.pipe_dir != kDefaultPipeDirectory)
+    prefix = "CUDA_MPS_PIPE_DIRECTORY=" + shell_quote(r.pipe_dir) + " ";
+  return fmt::format(
+      "nvtaskset: started the MPS control daemon (pipe directory {}); stop it with: echo quit | "
+      "{}{}",
+      r.pipe_dir, prefix, shell_quote(bin));
+}
+
+}  // namespace nvtaskset::mps
