@@ -1,0 +1,26 @@
+// The nvtaskset command line, as a library so tests and benchmarks can run it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace nvtaskset::cli {
+
+// Runs the command line. Returns the exit status (and does not return at all
+// when it execs the task).
+int run(int argc, char** argv);
+
+// Directory of the shim (holding libcuda.so.1) for a CLI installed or built
+// at `exe_path`: <exe dir>/../lib/nvtaskset, in both the install layout
+// (bin/nvtaskset + lib/nvtaskset/libcuda.so.1) and the build tree.
+// $NVTASKSET_SHIM_DIR overrides. Returns "" when there is none.
+std::string find_shim_dir(const std::string& exe_path);
+
+// The environment for the task: `env` (NAME=VALUE strings) with
+// NVTASKSET_PARTITION set, the shim directory prepended to LD_LIBRARY_PATH
+// (never replacing it), CUDA_DEVICE_MAX_CONNECTIONS=8 unless already set, and
+// NVTASKSET_REAL_LIBCUDA pinned to the driver the CLI found.
+std::vector<std::string> task_environment(std::vector<std::string> env, const std::string& shim_dir,
+                                          const std::string& partitions, const std::string& real_driver);
+
+}  // namespace nvtaskset::cli

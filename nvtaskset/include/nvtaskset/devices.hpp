@@ -1,0 +1,53 @@
+// The CLI's view of the GPUs: queried from the real driver once, on first
+// use, with topologies fetched (or calibrated) per device as lists need them.
+#pragma once
+
+#include <sys/types.h>
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "nvtaskset/partition.hpp"
+#include "nvtaskset/topology.hpp"
+
+namespace nvtaskset::cli {
+
+class Devices {
+ public:
+  // shim_paths: shim copies the driver search must skip. topology_file: the
+  // --topology-file / $NVTASKSET_TOPOLOGY override ("" for none).
+  Devices(std::vector<std::string> shim_paths, std::string topology_file);
+  ~Devices();
+
+  const std::vector<topo::DeviceInfo>& all();
+  // "" selects device 0; else an index, UUID or PCI bus id.
+  const topo::DeviceInfo& select(const std::string& spec);
+  // The visible device with this UUID (the one a task was partitioned on).
+  const topo::DeviceInfo& by_uuid(const DeviceUuid& uuid, pid_t pid);
+
+  // The layout, calibrating when needed. Throws with a one-line reason.
+  const topo::Topology& topology(const topo::DeviceInfo& dev);
+  // The layout when it is known without calibrating (file, cache, identity).
+  const topo::Topology* known_topology(const topo::DeviceInfo& dev);
+  // A warning when `tpcs` cannot run some cluster size the GPU supports.
+  std::string cluster_warning(const topo::DeviceInfo& dev, const LogicalTpcSet& tpcs);
+
+  // The real driver library the query used.
+  std::string driver_path();
+  // Undo what querying the driver did to this process's environment
+  // (CUDA_MPS_PIPE_DIRECTORY), before starting or looking for MPS.
+  void restore_environment();
+
+  // --topology and --calibrate; return the exit status.
+  int print(bool json);
+  int calibrate_all(bool json);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace nvtaskset::cli

@@ -1,0 +1,466 @@
+// nvtaskset: the command line. Data flows top-down:
+//   1. parse the command line (CLI11, idlist.hpp);
+//   2. ask topology/ for the device and translate logical TPC/GPC lists into
+//      physical TMD mask bits (the only place that knows the chip);
+//   3. hand the partition to the task through NVTASKSET_PARTITION (launch) or
+//      its control region (-p);
+//   4. the shim, loaded as libcuda.so.1 in the task, applies it to each kernel.
+#include "nvtaskset/cli.hpp"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+
+#include "nvtaskset/control_region.hpp"
+#include "nvtaskset/driver_locate.hpp"
+#include "nvtaskset/devices.hpp"
+#include "nvtaskset/idlist.hpp"
+#include "nvtaskset/mps.hpp"
+#include "nvtaskset/partition.hpp"
+#include "nvtaskset/system_wide.hpp"
+#include "nvtaskset/topology.hpp"
+
+extern char** environ;
+
+namespace nvtaskset::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+// A user-facing failure: printed as one line "nvtaskset: <what>", exit 1.
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+std::vector<std::string> snapshot_environ() {
+  std::vector<std::string> env;
+  for (char** e = environ; e && *e; ++e) env.emplace_back(*e);
+  return env;
+}
+
+void setup_logging() {
+  auto logger = spdlog::stderr_color_mt("nvtaskset");
+  logger->set_pattern("nvtaskset: %^%l%$: %v");
+  spdlog::level::level_enum level = spdlog::level::warn;
+  if (const char* l = std::getenv("NVTASKSET_LOG")) level = spdlog::level::from_str(l);
+  logger->set_level(level);
+  spdlog::set_default_logger(logger);
+}
+
+// One requested partition: on which device, and what the user typed.
+struct Request {
+  std::string device;  // "" = the default device
+  SpecKind kind = SpecKind::kNone;
+  std::string text;
+};
+
+const char* form_name(SpecKind k) {
+  switch (k) {
+    case SpecKind::kTpcMask: return "TPC mask";
+    case SpecKind::kGpcList: return "GPC list";
+    case SpecKind::kPhysical: return "physical mask";
+    default: return "TPC list";
+  }
+}
+
+std::string device_label(const topo::DeviceInfo& d) { return "device " + std::to_string(d.ordinal); }
+
+LogicalTpcSet checked_tpcs(const std::vector<unsigned>& ids, const topo::DeviceInfo& dev) {
+  const unsigned n = dev.tpc_count();
+  for (unsigned id : ids)
+    if (id >= n)
+      throw Failure("TPC " + std::to_string(id) + " does not exist on " + device_label(dev) + " (TPCs 0-" +
+                    std::to_string(n - 1) + ")");
+  LogicalTpcSet s;
+  s.bits = to_bits(ids, "TPC");
+  return s;
+}
+
+// Turns a request into a partition for `dev`. Every check happens here,
+// before anything is started or changed.
+Partition build_partition(const Request& r, const topo::DeviceInfo& dev, Devices& devices) {
+  Partition p;
+  p.kind = r.kind;
+  switch (r.kind) {
+    case SpecKind::kTpcList:
+    case SpecKind::kTpcMask: {
+      const std::vector<unsigned> ids =
+          r.kind == SpecKind::kTpcList ? parse_list(r.text, "TPC") : parse_mask(r.text, "TPC").indices();
+      p.tpcs = checked_tpcs(ids, dev);
+      const topo::Topology& t = devices.topology(dev);
+      p.enabled = topo::to_physical(t, p.tpcs);
+      break;
+    }
+    case SpecKind::kGpcList: {
+      const std::vector<unsigned> ids = parse_list(r.text, "GPC");
+      const topo::Topology& t = devices.topology(dev);
+      p.gpcs.bits = to_bits(ids, "GPC");
+      p.tpcs = topo::tpcs_of_gpcs(t, p.gpcs);
+      p.enabled = topo::to_physical(t, p.tpcs);
+      break;
+    }
+    case SpecKind::kPhysical: {
+      p.enabled.bits = parse_mask(r.text, "physical");
+      if (const topo::Topology* t = devices.known_topology(dev)) {
+        // An enable mask with no working TPC makes every kernel wait forever
+        // (FACTS.md): refuse it whenever the layout is known.
+        if ((p.enabled.bits & t->working_bits().bits).none())
+          throw Failure("physical mask " + p.enabled.bits.to_hex() + " enables no working TPC on " +
+                        device_label(dev) + ": its kernels would never run");
+        p.tpcs = topo::logical_of_physical(*t, p.enabled);
+      } else {
+        spdlog::warn("the layout of {} is unknown, so physical mask {} is not checked: a mask with no working "
+                     "TPC hangs every kernel",
+                     device_label(dev), p.enabled.bits.to_hex());
+      }
+      break;
+    }
+    case SpecKind::kNone:
+      break;
+  }
+  if (r.kind != SpecKind::kPhysical && r.kind != SpecKind::kNone) {
+    const std::string warning = devices.cluster_warning(dev, p.tpcs);
+    if (!warning.empty()) spdlog::warn("{}", warning);
+  }
+  return p;
+}
+
+// The partition in the form the user asked about, for `-p` output.
+std::string describe(const Partition& p, SpecKind form, const topo::DeviceInfo& dev, Devices& devices) {
+  if (form == SpecKind::kPhysical) {
+    if (p.active()) return p.enabled.bits.to_hex();
+    const topo::Topology* t = devices.known_topology(dev);
+    return t ? t->working_bits().bits.to_hex() : std::string("all");
+  }
+  if (form == SpecKind::kGpcList && p.kind == SpecKind::kGpcList) return format_list(p.gpcs.bits);
+  LogicalTpcSet tpcs = p.tpcs;
+  if (!p.active()) {
+    tpcs.bits = Bits128::first(dev.tpc_count());
+  } else if (p.kind == SpecKind::kPhysical && tpcs.empty()) {
+    return "physical mask " + p.enabled.bits.to_hex();
+  }
+  return form == SpecKind::kTpcMask ? tpcs.bits.to_hex() : format_list(tpcs.bits);
+}
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = fs::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string() : p.string();
+}
+
+[[noreturn]] void exec_task(const std::vector<std::string>& cmd, const std::vector<std::string>& env) {
+  std::vector<char*> argv, envp;
+  for (const auto& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  std::fflush(nullptr);
+  ::execvpe(argv[0], argv.data(), envp.data());
+  const int err = errno;
+  std::fprintf(stderr, "nvtaskset: failed to execute %s: %s\n", cmd[0].c_str(), std::strerror(err));
+  std::exit(err == ENOENT ? 127 : 126);
+}
+
+// The MPS daemon inherits our environment. It must never load the shim nor
+// carry a partition, which it would when nvtaskset itself runs inside a
+// partitioned task.
+void scrub_shim_environment(const std::string& shim_dir) {
+  ::unsetenv(kPartitionEnv);
+  for (const char* var : {"LD_LIBRARY_PATH", "LD_PRELOAD"}) {
+    const char* v = std::getenv(var);
+    if (!v) continue;
+    std::string kept, item;
+    const std::string value = v;
+    for (std::size_t i = 0; i <= value.size(); ++i) {
+      if (i == value.size() || value[i] == ':' || value[i] == ' ') {
+        const bool shim = item == shim_dir || item.rfind(shim_dir + "/", 0) == 0;
+        if (!item.empty() && !shim) kept += (kept.empty() ? "" : ":") + item;
+        item.clear();
+      } else {
+        item += value[i];
+      }
+    }
+    if (kept.empty()) ::unsetenv(var);
+    else ::setenv(var, kept.c_str(), 1);
+  }
+}
+
+pid_t parse_pid(const std::string& s) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(s.c_str(), &end, 10);
+  if (s.empty() || *end != '\0' || errno != 0 || v <= 0 || v > 0x3fffffff) throw Failure("invalid pid '" + s + "'");
+  return static_cast<pid_t>(v);
+}
+
+struct Options {
+  std::vector<Request> requests;
+  std::vector<std::string> positionals;
+  bool pid_mode = false;
+  bool no_mps = false;
+  bool show_topology = false;
+  bool json = false;
+  bool calibrate = false;
+  std::string topology_file;
+  std::string system_wide;
+};
+
+int do_launch(const Options& o, const std::vector<std::string>& env) {
+  std::vector<Request> requests = o.requests;
+  std::size_t first_cmd = 0;
+  if (requests.empty()) {
+    if (o.positionals.empty()) throw Failure("no TPC mask or list given (see --help)");
+    requests.push_back({"", SpecKind::kTpcMask, o.positionals[0]});
+    first_cmd = 1;
+  } else if (requests.back().kind == SpecKind::kNone) {
+    // "-d X" last, with the mask as the first positional.
+    if (o.positionals.empty()) throw Failure("no TPC mask or list given for device " + requests.back().device);
+    requests.back().kind = SpecKind::kTpcMask;
+    requests.back().text = o.positionals[0];
+    first_cmd = 1;
+  }
+  std::vector<std::string> cmd(o.positionals.begin() + static_cast<long>(first_cmd), o.positionals.end());
+  if (cmd.empty()) throw Failure("no command given (see --help)");
+
+  const std::string shim_dir = find_shim_dir(self_exe());
+  if (shim_dir.empty())
+    throw Failure("cannot find the shim libcuda.so.1 (looked in ../" NVTASKSET_SHIM_RELDIR
+                  " next to nvtaskset; set NVTASKSET_SHIM_DIR)");
+  Devices devices({shim_dir + "/libcuda.so.1"}, o.topology_file);
+
+  std::vector<DevicePartition> parts;
+  for (const Request& r : requests) {
+    if (r.kind == SpecKind::kNone) throw Failure("-d " + r.device + " has no TPC or GPC list");
+    const topo::DeviceInfo& dev = devices.select(r.device);
+    for (const auto& prev : parts)
+      if (prev.device == dev.uuid) throw Failure("two partitions given for " + device_label(dev));
+    parts.push_back({dev.uuid, build_partition(r, dev, devices)});
+  }
+
+  devices.restore_environment();
+  if (!o.no_mps) {
+    scrub_shim_environment(shim_dir);
+    const mps::EnsureResult r = mps::ensure_daemon();
+    if (r.started) std::fprintf(stderr, "%s\n", mps::started_message(r).c_str());
+  }
+  exec_task(cmd, task_environment(env, shim_dir, encode_partitions(parts), devices.driver_path()));
+}
+
+int do_pid(const Options& o) {
+  std::vector<Request> requests = o.requests;
+  std::vector<std::string> pos = o.positionals;
+  if (requests.empty() && pos.size() == 2) {
+    requests.push_back({"", SpecKind::kTpcMask, pos[0]});
+    pos.erase(pos.begin());
+  } else if (!requests.empty() && requests.back().kind == SpecKind::kNone && pos.size() == 2) {
+    requests.back().kind = SpecKind::kTpcMask;
+    requests.back().text = pos[0];
+    pos.erase(pos.begin());
+  }
+  if (pos.size() != 1) throw Failure("-p takes [MASK | -t LIST | -g LIST | --physical MASK] PID (see --help)");
+  const pid_t pid = parse_pid(pos[0]);
+  const auto region = ctl::Region::attach(pid);
+  const std::vector<DevicePartition> current = region->read_all();
+
+  const std::string shim_dir = find_shim_dir(self_exe());
+  Devices devices({shim_dir.empty() ? std::string() : shim_dir + "/libcuda.so.1"}, o.topology_file);
+
+  // Without -d: the device the task was partitioned on, if exactly one.
+  auto default_device = [&]() -> const topo::DeviceInfo& {
+    std::vector<const DevicePartition*> specific;
+    for (const auto& dp : current)
+      if (dp.device != kAnyDevice) specific.push_back(&dp);
+    if (specific.size() == 1) return devices.by_uuid(specific[0]->device, pid);
+    return devices.select("");
+  };
+  if (requests.empty()) requests.push_back({"", SpecKind::kNone, ""});
+
+  for (const Request& r : requests) {
+    const topo::DeviceInfo& dev = r.device.empty() ? default_device() : devices.select(r.device);
+    Partition cur;
+    for (const auto& dp : current)
+      if (dp.device == dev.uuid || dp.device == kAnyDevice) cur = dp.partition;
+    // A query answers in the terms the partition was set in; a change in
+    // the terms of the new value.
+    SpecKind form = r.kind;
+    if (form == SpecKind::kNone)
+      form = cur.kind == SpecKind::kPhysical || cur.kind == SpecKind::kGpcList ? cur.kind : SpecKind::kTpcList;
+    const std::string dev_note = requests.size() > 1 ? " on " + device_label(dev) : std::string();
+    if (r.kind == SpecKind::kNone) {
+      std::printf("pid %d's current %s%s: %s\n", pid, form_name(form), dev_note.c_str(),
+                  describe(cur, form, dev, devices).c_str());
+      continue;
+    }
+    const Partition next = build_partition(r, dev, devices);
+    const std::string before = describe(cur, form, dev, devices);
+    region->write({dev.uuid, next});
+    std::printf("pid %d's current %s%s: %s\n", pid, form_name(form), dev_note.c_str(), before.c_str());
+    std::printf("pid %d's new %s%s: %s\n", pid, form_name(form), dev_note.c_str(),
+                describe(next, form, dev, devices).c_str());
+  }
+  return 0;
+}
+
+const char* kDescription =
+    "Run a command on a chosen set of GPU TPCs, or change the TPCs of a running process.\n"
+    "\n"
+    "  nvtaskset [options] MASK COMMAND [ARG...]\n"
+    "  nvtaskset [options] -t LIST COMMAND [ARG...]\n"
+    "  nvtaskset [options] -g LIST COMMAND [ARG...]\n"
+    "  nvtaskset -p [MASK | -t LIST | -g LIST | --physical MASK] PID\n"
+    "  nvtaskset --topology [--json] | --calibrate | --system-wide enable|disable|status\n"
+    "\n"
+    "MASK is a hexadecimal enable mask over logical TPC IDs (0xff00 = TPCs 8-15).\n"
+    "LIST uses taskset's syntax: 0-7,12,20-31:2. Logical TPC k is the pair of SMs\n"
+    "whose %smid is 2k and 2k+1. The command runs as an MPS client (nvtaskset starts\n"
+    "the MPS control daemon if none runs) with CUDA_DEVICE_MAX_CONNECTIONS=8.";
+
+}  // namespace
+
+std::string find_shim_dir(const std::string& exe_path) {
+  if (const char* d = std::getenv("NVTASKSET_SHIM_DIR"); d && *d) {
+    return fs::exists(fs::path(d) / "libcuda.so.1") ? std::string(d) : std::string();
+  }
+  if (exe_path.empty()) return "";
+  const fs::path dir = fs::path(exe_path).parent_path().parent_path() / NVTASKSET_SHIM_RELDIR;
+  std::error_code ec;
+  if (!fs::exists(dir / "libcuda.so.1", ec)) return "";
+  return fs::weakly_canonical(dir, ec).string();
+}
+
+std::vector<std::string> task_environment(std::vector<std::string> env, const std::string& shim_dir,
+                                          const std::string& partitions, const std::string& real_driver) {
+  auto find = [&](const std::string& name) -> std::string* {
+    for (auto& e : env)
+      if (e.size() > name.size() && e.compare(0, name.size(), name) == 0 && e[name.size()] == '=') return &e;
+    return nullptr;
+  };
+  auto set = [&](const std::string& name, const std::string& value) {
+    if (std::string* e = find(name)) *e = name + "=" + value;
+    else env.push_back(name + "=" + value);
+  };
+  set(kPartitionEnv, partitions);
+  set(kPartitionPidEnv, std::to_string(::getpid()));  // exec keeps our PID
+  // Prepend, never overwrite: the task may need its own library path.
+  if (std::string* e = find("LD_LIBRARY_PATH"); e && e->size() > std::strlen("LD_LIBRARY_PATH=")) {
+    *e = "LD_LIBRARY_PATH=" + shim_dir + ":" + e->substr(std::strlen("LD_LIBRARY_PATH="));
+  } else {
+    set("LD_LIBRARY_PATH", shim_dir);
+  }
+  // MPS clients get 2 hardware channels by default, which serialises their
+  // streams; 8 restores the non-MPS behaviour (FACTS.md, paper Sec. 5.2).
+  if (!find("CUDA_DEVICE_MAX_CONNECTIONS")) set("CUDA_DEVICE_MAX_CONNECTIONS", "8");
+  if (!real_driver.empty()) set(kRealDriverEnv, real_driver);
+  return env;
+}
+
+int run(int argc, char** argv) {
+  // The environment the task gets is the one we were started with, before
+  // anything here (the driver query sets CUDA_MPS_PIPE_DIRECTORY) touches it.
+  const std::vector<std::string> env = snapshot_environ();
+  setup_logging();
+
+  CLI::App app{kDescription, "nvtaskset"};
+  app.set_version_flag("-V,--version", NVTASKSET_VERSION);
+  Options o;
+  std::vector<std::string> tpc_lists, gpc_lists, physicals, device_specs;
+  auto one_each = [](CLI::Option* opt) {
+    return opt->allow_extra_args(false)->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  };
+  auto* opt_t = one_each(app.add_option("-t,--tpc-list", tpc_lists, "logical TPC list, e.g. 0-7,12"))->type_name("LIST");
+  auto* opt_g = one_each(app.add_option("-g,--gpc-list", gpc_lists, "GPC list: all TPCs of these GPCs"))->type_name("LIST");
+  auto* opt_phys = one_each(app.add_option("--physical", physicals,
+                                           "UNSAFE expert mode: enable mask over raw TMD mask bits, untranslated; a "
+                                           "mask that enables no working TPC hangs every kernel"))
+                       ->type_name("MASK");
+  auto* opt_d = one_each(app.add_option("-d,--device", device_specs,
+                                        "GPU by index, UUID or PCI bus id (default 0); applies to the list after it"))
+                    ->type_name("DEV");
+  app.add_flag("-p,--pid", o.pid_mode, "query or change the TPCs of the running process PID");
+  app.add_flag("--no-mps", o.no_mps, "do not start or require the MPS control daemon");
+  app.add_flag("--topology", o.show_topology, "print each GPU's GPCs, TPCs, SMs and mask bits");
+  app.add_flag("--json", o.json, "with --topology: print JSON");
+  app.add_flag("--calibrate", o.calibrate, "(re)discover the layout of every visible GPU");
+  app.add_option("--topology-file", o.topology_file, "use this topology JSON instead of calibrating")
+      ->type_name("FILE")
+      ->envname("NVTASKSET_TOPOLOGY");
+  app.add_option("--system-wide", o.system_wide,
+                 "enable: make every CUDA process load the shim with no partition, so -p can move it; "
+                 "disable: undo; status: show")
+      ->type_name("enable|disable|status")
+      ->check(CLI::IsMember({"enable", "disable", "status"}));
+  app.footer(
+      "Environment: NVTASKSET_LOG (trace..off, default warn), NVTASKSET_REAL_LIBCUDA (the real driver),\n"
+      "NVTASKSET_ON_UNSUPPORTED=warn (run unmasked on an unknown TMD layout instead of aborting),\n"
+      "CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY. See nvtaskset(1).");
+  app.prefix_command();
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "nvtaskset: %s\n", e.what());
+    return 1;
+  }
+
+  try {
+    // Pair each list with the -d that precedes it.
+    std::size_t it = 0, ig = 0, ip = 0, id = 0;
+    std::string device;
+    for (const CLI::Option* opt : app.parse_order()) {
+      if (opt == opt_d) {
+        if (!o.requests.empty() && o.requests.back().kind == SpecKind::kNone)
+          throw Failure("-d " + o.requests.back().device + " has no TPC or GPC list");
+        device = device_specs[id++];
+        o.requests.push_back({device, SpecKind::kNone, ""});
+        continue;
+      }
+      Request r{device, SpecKind::kNone, ""};
+      if (opt == opt_t) r = {device, SpecKind::kTpcList, tpc_lists[it++]};
+      else if (opt == opt_g) r = {device, SpecKind::kGpcList, gpc_lists[ig++]};
+      else if (opt == opt_phys) r = {device, SpecKind::kPhysical, physicals[ip++]};
+      else continue;
+      if (!o.requests.empty() && o.requests.back().kind == SpecKind::kNone && o.requests.back().device == device)
+        o.requests.back() = r;
+      else
+        o.requests.push_back(r);
+    }
+    o.positionals = app.remaining();
+    // prefix_command() passes unknown options through with the command;
+    // one before the first positional is a mistake, not the command.
+    if (!o.positionals.empty() && o.positionals.front() == "--") {
+      o.positionals.erase(o.positionals.begin());
+    } else if (!o.positionals.empty() && o.positionals.front().size() > 1 && o.positionals.front()[0] == '-') {
+      throw Failure("unrecognized option '" + o.positionals.front() + "' (see --help)");
+    }
+
+    if (!o.system_wide.empty()) return system_wide(o.system_wide, find_shim_dir(self_exe()));
+    if (o.show_topology || o.calibrate) {
+      const std::string shim_dir = find_shim_dir(self_exe());
+      Devices devices({shim_dir.empty() ? std::string() : shim_dir + "/libcuda.so.1"}, o.topology_file);
+      return o.calibrate ? devices.calibrate_all(o.json) : devices.print(o.json);
+    }
+    if (o.json) throw Failure("--json goes with --topology");
+    if (o.pid_mode) return do_pid(o);
+    ctl::Region::remove_stale();
+    return do_launch(o, env);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "nvtaskset: %s\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace nvtaskset::cli

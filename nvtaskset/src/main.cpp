@@ -1,0 +1,3 @@
+#include "nvtaskset/cli.hpp"
+
+int main(int argc, char** argv) { return nvtaskset::cli::run(argc, argv); }

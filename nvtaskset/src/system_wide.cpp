@@ -1,0 +1,93 @@
+#include "nvtaskset/system_wide.hpp"
+
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+
+extern char** environ;
+
+namespace nvtaskset::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kMarker = "# nvtaskset --system-wide: the shim's directory, before the real driver's.";
+
+std::string ldconfig_program() {
+  const char* p = std::getenv("NVTASKSET_LDCONFIG");
+  return p && *p ? p : "ldconfig";
+}
+
+void run_ldconfig() {
+  const std::string prog = ldconfig_program();
+  char* argv[] = {const_cast<char*>(prog.c_str()), nullptr};
+  pid_t pid = 0;
+  const int err = ::posix_spawnp(&pid, prog.c_str(), nullptr, nullptr, argv, environ);
+  if (err != 0) throw std::runtime_error("cannot run " + prog + ": " + std::strerror(err));
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error(prog + " failed");
+}
+
+// The shim directory named by an existing configuration file, or "".
+std::string configured_dir() {
+  std::ifstream f(system_wide_conf_path());
+  std::string line;
+  while (std::getline(f, line))
+    if (!line.empty() && line[0] != '#') return line;
+  return "";
+}
+
+}  // namespace
+
+std::string system_wide_conf_path() {
+  const char* root = std::getenv("NVTASKSET_SYSCONFDIR");
+  return std::string(root && *root ? root : "/etc") + "/ld.so.conf.d/000-nvtaskset.conf";
+}
+
+int system_wide(const std::string& action, const std::string& shim_dir) {
+  const std::string conf = system_wide_conf_path();
+  if (action == "status") {
+    const std::string dir = configured_dir();
+    if (dir.empty()) std::printf("system-wide mode: disabled (%s absent)\n", conf.c_str());
+    else std::printf("system-wide mode: enabled (%s names %s)\n", conf.c_str(), dir.c_str());
+    return 0;
+  }
+  if (action == "enable") {
+    if (shim_dir.empty()) throw std::runtime_error("cannot find the shim libcuda.so.1 next to nvtaskset");
+    std::error_code ec;
+    fs::create_directories(fs::path(conf).parent_path(), ec);
+    std::ofstream f(conf, std::ios::trunc);
+    if (!f) throw std::runtime_error("cannot write " + conf + ": " + std::strerror(errno) + " (run as root)");
+    f << kMarker << "\n# Undo with: nvtaskset --system-wide disable\n" << shim_dir << "\n";
+    f.close();
+    if (!f) throw std::runtime_error("cannot write " + conf);
+    run_ldconfig();
+    std::printf(
+        "system-wide mode: enabled. CUDA processes started from now on load the shim from %s with no partition;\n"
+        "move one with: nvtaskset -p -t LIST PID. Undo with: nvtaskset --system-wide disable\n",
+        shim_dir.c_str());
+    return 0;
+  }
+  // disable
+  if (!fs::exists(conf)) {
+    std::printf("system-wide mode: already disabled\n");
+    return 0;
+  }
+  if (::unlink(conf.c_str()) != 0)
+    throw std::runtime_error("cannot remove " + conf + ": " + std::strerror(errno) + " (run as root)");
+  run_ldconfig();
+  std::printf("system-wide mode: disabled. Processes already running keep the shim until they exit.\n");
+  return 0;
+}
+
+}  // namespace nvtaskset::cli
