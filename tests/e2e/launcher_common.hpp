@@ -1,0 +1,251 @@
+// The body shared by `launcher` (linked against libcuda.so.1) and
+// `launcher_dlopen` (which finds the driver the way cudart and PyTorch do).
+// Both are ordinary CUDA programs from the shim's point of view: they know
+// nothing about nvtaskset.
+//
+//   --kernels N          launches (default 1); with --until-file, the minimum
+//   --interval-ms M      pause between launches (default 0)
+//   --until-file F       keep launching until F exists (at most 120 s: a
+//                        forgotten launcher ends by itself, with status 5)
+//   --ready-file F       after the first launch, write our pid to F (a forked
+//                        child writes F.child)
+//   --threads T          launch from T threads at once (default 1)
+//   --print-env NAME     print "env NAME=value" or "env NAME unset" (repeatable)
+//   --print-libcuda      print "libcuda <path>" for each mapped libcuda* file,
+//                        before touching the driver
+//   --fork               after the first launch, fork; the child prints
+//                        "child <pid>", calls cuInit again and runs the same loop
+//   --exec-child         after the loop, fork and exec this program again with
+//                        "--kernels N"; prints "child <pid>"
+// Prints "pid <pid>" first. Exit status: 0, or 2 (bad usage), 3 (driver
+// error), 4 (a child failed), 5 (--until-file never appeared).
+#pragma once
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda.h>
+
+namespace launcher {
+
+struct Driver {
+  CUresult (*init)(unsigned int);
+  CUresult (*device_get)(CUdevice*, int);
+  CUresult (*primary_ctx_retain)(CUcontext*, CUdevice);
+  CUresult (*ctx_set_current)(CUcontext);
+  CUresult (*launch_kernel)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+                            unsigned int, unsigned int, CUstream, void**, void**);
+};
+
+struct Options {
+  long kernels = 1;
+  long interval_ms = 0;
+  long threads = 1;
+  std::string until_file;
+  std::string ready_file;
+  std::vector<std::string> print_env;
+  bool print_libcuda = false;
+  bool fork_child = false;
+  bool exec_child = false;
+};
+
+inline bool exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+[[noreturn]] inline void usage(const char* why) {
+  std::fprintf(stderr, "launcher: %s\n", why);
+  std::exit(2);
+}
+
+inline long number(const char* opt, const char* v) {
+  char* end = nullptr;
+  const long x = v ? std::strtol(v, &end, 10) : -1;
+  if (!v || end == v || *end || x < 0) usage((std::string("bad value for ") + opt).c_str());
+  return x;
+}
+
+inline Options parse(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
+    if (a == "--kernels") o.kernels = number("--kernels", value());
+    else if (a == "--interval-ms") o.interval_ms = number("--interval-ms", value());
+    else if (a == "--threads") o.threads = number("--threads", value());
+    else if (a == "--until-file") { const char* v = value(); if (!v) usage("--until-file needs a path"); o.until_file = v; }
+    else if (a == "--ready-file") { const char* v = value(); if (!v) usage("--ready-file needs a path"); o.ready_file = v; }
+    else if (a == "--print-env") { const char* v = value(); if (!v) usage("--print-env needs a name"); o.print_env.push_back(v); }
+    else if (a == "--print-libcuda") o.print_libcuda = true;
+    else if (a == "--fork") o.fork_child = true;
+    else if (a == "--exec-child") o.exec_child = true;
+    else usage(("unknown option " + a).c_str());
+  }
+  if (o.threads < 1) usage("--threads must be at least 1");
+  return o;
+}
+
+inline void check(CUresult r, const char* what) {
+  if (r != CUDA_SUCCESS) {
+    std::fprintf(stderr, "launcher: %s failed: %d\n", what, static_cast<int>(r));
+    std::fflush(nullptr);
+    std::_Exit(3);
+  }
+}
+
+inline void print_libcuda_maps() {
+  std::ifstream maps("/proc/self/maps");
+  std::set<std::string> seen;
+  for (std::string line; std::getline(maps, line);) {
+    const auto slash = line.find('/');
+    if (slash == std::string::npos) continue;
+    const std::string path = line.substr(slash);
+    if (path.find("/libcuda") != std::string::npos && seen.insert(path).second)
+      std::printf("libcuda %s\n", path.c_str());
+  }
+}
+
+inline void write_ready(const std::string& path) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    f << ::getpid() << "\n";
+  }
+  // rename: the test never sees a half-written file.
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    std::perror("launcher: rename");
+    std::_Exit(3);
+  }
+}
+
+// One launch from the calling thread, on device 0's primary context.
+inline void launch_once(const Driver& d) {
+  CUdevice dev;
+  CUcontext ctx;
+  check(d.device_get(&dev, 0), "cuDeviceGet");
+  check(d.primary_ctx_retain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+  check(d.ctx_set_current(ctx), "cuCtxSetCurrent");
+  check(d.launch_kernel(nullptr, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr), "cuLaunchKernel");
+}
+
+inline void sleep_ms(long ms) {
+  if (ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+}
+
+// Launches until `--kernels` are done and, with --until-file, until the file
+// exists. `after_first` runs once, right after the first launch.
+template <class F>
+void run_loop(const Driver& d, const Options& o, F&& after_first) {
+  launch_once(d);
+  after_first();
+  std::atomic<long> launched{1};
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  std::atomic<bool> expired{false};
+  auto more = [&] {
+    if (launched.load() < o.kernels) return true;
+    if (o.until_file.empty() || exists(o.until_file)) return false;
+    if (std::chrono::steady_clock::now() < give_up) return true;
+    expired = true;
+    return false;
+  };
+  auto worker = [&] {
+    while (more()) {
+      sleep_ms(o.interval_ms);
+      if (!more()) break;
+      launch_once(d);
+      ++launched;
+    }
+  };
+  std::vector<std::thread> extra;
+  for (long t = 1; t < o.threads; ++t) extra.emplace_back(worker);
+  worker();
+  for (auto& t : extra) t.join();
+  if (expired) {
+    std::fprintf(stderr, "launcher: %s did not appear within 120 s\n", o.until_file.c_str());
+    std::fflush(nullptr);
+    std::_Exit(5);
+  }
+}
+
+inline int wait_child(pid_t pid) {
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0)
+    if (errno != EINTR) return 4;
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
+  std::fprintf(stderr, "launcher: child %d failed (status 0x%x)\n", static_cast<int>(pid), status);
+  return 4;
+}
+
+inline int main(int argc, char** argv, const Driver& d) {
+  const Options o = parse(argc, argv);
+  std::printf("pid %d\n", static_cast<int>(::getpid()));
+  for (const auto& name : o.print_env) {
+    const char* v = std::getenv(name.c_str());
+    if (v) std::printf("env %s=%s\n", name.c_str(), v);
+    else std::printf("env %s unset\n", name.c_str());
+  }
+  if (o.print_libcuda) print_libcuda_maps();
+  std::fflush(stdout);
+
+  check(d.init(0), "cuInit");
+  pid_t forked = -1;
+  run_loop(d, o, [&] {
+    if (!o.ready_file.empty()) write_ready(o.ready_file);
+    if (!o.fork_child) return;
+    std::fflush(nullptr);
+    forked = ::fork();
+    if (forked < 0) {
+      std::perror("launcher: fork");
+      std::_Exit(3);
+    }
+    if (forked == 0) {
+      std::printf("child %d\n", static_cast<int>(::getpid()));
+      std::fflush(stdout);
+      // A forked CUDA program initialises the driver again in the child.
+      check(d.init(0), "cuInit (child)");
+      launch_once(d);
+      if (!o.ready_file.empty()) write_ready(o.ready_file + ".child");
+    }
+  });
+  // The forked child ends normally (exit(), as a program's child would), so
+  // whatever the shim does at exit happens.
+  if (forked == 0) std::exit(0);
+  int rc = 0;
+  if (forked > 0) rc = wait_child(forked);
+
+  if (o.exec_child) {
+    const std::string kernels = std::to_string(o.kernels);
+    std::fflush(nullptr);
+    const pid_t c = ::fork();
+    if (c < 0) {
+      std::perror("launcher: fork");
+      return 3;
+    }
+    if (c == 0) {
+      char* args[] = {argv[0], const_cast<char*>("--kernels"), const_cast<char*>(kernels.c_str()), nullptr};
+      ::execv("/proc/self/exe", args);
+      std::perror("launcher: execv");
+      std::_Exit(127);
+    }
+    std::printf("child %d\n", static_cast<int>(c));
+    std::fflush(stdout);
+    if (int r = wait_child(c)) rc = r;
+  }
+  return rc;
+}
+
+}  // namespace launcher

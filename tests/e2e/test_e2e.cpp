@@ -1,0 +1,1028 @@
+// End-to-end tests: the real `nvtaskset` binary and the real shim, run against
+// the stand-in driver (tests/fakecuda), on a machine without a GPU.
+//
+// The stand-in records, for every cuLaunchKernel, the TPC-disable mask that the
+// shim's launch callback left in the TMD ("<pid> <layout> <valid> <mask>"), so
+// these tests check what the hardware would have been told, per launch.
+//
+// Every child process runs in its own process group with a timeout; whatever
+// is still running at the end of a test is killed.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Ms = std::chrono::milliseconds;
+
+const std::string kCli = NVTASKSET_E2E_CLI;
+const std::string kShim = NVTASKSET_E2E_SHIM;
+const std::string kFake = NVTASKSET_E2E_FAKE;
+const std::string kLauncher = NVTASKSET_E2E_LAUNCHER;
+const std::string kLauncherDlopen = NVTASKSET_E2E_LAUNCHER_DLOPEN;
+
+std::string shim_dir() { return fs::path(kShim).parent_path().string(); }
+
+// Any child (nvtaskset, -p, a launcher) must finish within this.
+constexpr Ms kTimeout = 20s;
+// Waiting for a file, a record, a process state.
+constexpr Ms kWait = 10s;
+
+using Env = std::map<std::string, std::string>;
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> lines_of(const std::string& s) {
+  std::vector<std::string> out;
+  std::istringstream in(s);
+  for (std::string l; std::getline(in, l);)
+    if (!l.empty()) out.push_back(l);
+  return out;
+}
+
+bool exists(const std::string& p) {
+  struct stat st;
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+void touch(const std::string& p) { std::ofstream(p) << ""; }
+
+bool wait_until(const std::function<bool()>& pred, Ms timeout = kWait) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!pred()) {
+    if (std::chrono::steady_clock::now() > deadline) return pred();
+    std::this_thread::sleep_for(2ms);
+  }
+  return true;
+}
+
+// "0x" + minimal lowercase hex of a 128-bit value, as the stand-in records it.
+std::string hex128(std::uint64_t hi, std::uint64_t lo) {
+  char buf[40];
+  if (hi)
+    std::snprintf(buf, sizeof buf, "0x%llx%016llx", static_cast<unsigned long long>(hi),
+                  static_cast<unsigned long long>(lo));
+  else
+    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(lo));
+  return buf;
+}
+// The disable mask a V01-V03 TMD (64-bit mask field) gets for an enable mask.
+std::string disable64(std::uint64_t enabled) { return hex128(0, ~enabled); }
+// The disable mask a V04/V05 TMD (128-bit mask field) gets.
+std::string disable128(std::uint64_t enabled_hi, std::uint64_t enabled_lo) { return hex128(~enabled_hi, ~enabled_lo); }
+
+struct Result {
+  bool timed_out = false;
+  bool exited = false;  // exited normally (not by a signal)
+  int code = -1;        // exit status when exited
+  int signal = 0;       // terminating signal otherwise
+  std::string out, err;
+  std::string command;
+};
+
+std::ostream& operator<<(std::ostream& os, const Result& r) {
+  os << "\n  command: " << r.command << "\n  ";
+  if (r.timed_out) os << "TIMED OUT (killed)";
+  else if (r.exited) os << "exit " << r.code;
+  else os << "killed by signal " << r.signal << " (" << strsignal(r.signal) << ")";
+  return os << "\n  stdout: [" << r.out << "]\n  stderr: [" << r.err << "]";
+}
+
+::testing::AssertionResult ExitedWith(const Result& r, int code) {
+  if (!r.timed_out && r.exited && r.code == code) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "expected exit " << code << r;
+}
+
+// The CLI's error contract: exactly one line on stderr, "nvtaskset: <message>".
+::testing::AssertionResult OneErrorLine(const Result& r) {
+  const auto ls = lines_of(r.err);
+  if (ls.size() == 1 && ls[0].starts_with("nvtaskset: ") && ls[0].size() > 11 && r.err.ends_with("\n"))
+    return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "expected one stderr line \"nvtaskset: <message>\"" << r;
+}
+
+::testing::AssertionResult FailedWithOneLine(const Result& r, int code = 1) {
+  if (auto a = ExitedWith(r, code); !a) return a;
+  return OneErrorLine(r);
+}
+
+struct Record {
+  long pid = 0;
+  std::string layout;
+  int valid = -1;
+  std::string mask;
+};
+
+std::ostream& operator<<(std::ostream& os, const Record& r) {
+  return os << r.pid << " " << r.layout << " " << r.valid << " " << r.mask;
+}
+
+// A started child process, in its own process group.
+struct Proc {
+  pid_t pid = -1;
+  std::string out_path, err_path, command;
+  bool reaped = false;
+  Result result;
+
+  std::string out() const { return read_file(out_path); }
+  std::string err() const { return read_file(err_path); }
+
+  bool running() {
+    if (reaped) return false;
+    int st = 0;
+    const pid_t r = ::waitpid(pid, &st, WNOHANG);
+    if (r == pid) {
+      finish(st, false);
+      return false;
+    }
+    return true;
+  }
+
+  Result wait(Ms timeout = kTimeout) {
+    if (reaped) return result;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    int st = 0;
+    for (;;) {
+      const pid_t r = ::waitpid(pid, &st, WNOHANG);
+      if (r == pid) break;
+      if (r < 0 && errno != EINTR) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        ::kill(-pid, SIGKILL);
+        ::waitpid(pid, &st, 0);
+        finish(st, true);
+        return result;
+      }
+      std::this_thread::sleep_for(1ms);
+    }
+    finish(st, false);
+    return result;
+  }
+
+  void kill_group() {
+    if (reaped) return;
+    ::kill(-pid, SIGKILL);
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    finish(st, true);
+  }
+
+ private:
+  void finish(int st, bool timed_out) {
+    reaped = true;
+    result.timed_out = timed_out;
+    result.exited = WIFEXITED(st);
+    result.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    result.signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
+    result.out = out();
+    result.err = err();
+    result.command = command;
+  }
+};
+
+class E2E : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/nvtaskset-e2e-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr) << std::strerror(errno);
+    dir_ = tmpl;
+    record_ = path("record");
+    fs::create_directories(path("tmp"));
+    env_ = base_env();
+  }
+
+  void TearDown() override {
+    for (auto& p : procs_) {
+      const bool was_running = !p->reaped;
+      p->kill_group();
+      // A process killed here could not remove its control region.
+      if (was_running) ::unlink(("/dev/shm/nvtaskset." + std::to_string(p->pid)).c_str());
+    }
+    for (const auto& f : cleanup_) ::unlink(f.c_str());
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  std::string path(const std::string& name) const { return dir_ + "/" + name; }
+
+  // The caller's environment without anything that could steer the shim, the
+  // stand-in, CUDA or MPS, plus the stand-in as the real driver.
+  Env base_env() const {
+    Env e;
+    for (char** p = environ; *p; ++p) {
+      const std::string kv = *p;
+      const auto eq = kv.find('=');
+      if (eq == std::string::npos) continue;
+      const std::string k = kv.substr(0, eq);
+      if (k.starts_with("NVTASKSET_") || k.starts_with("FAKECUDA_") || k.starts_with("CUDA_") ||
+          k.starts_with("LD_") || k.starts_with("XDG_") || k == "SPDLOG_LEVEL" || k == "TMPDIR")
+        continue;
+      e[k] = kv.substr(eq + 1);
+    }
+    e["NVTASKSET_REAL_LIBCUDA"] = kFake;
+    e["FAKECUDA_RECORD"] = record_;
+    // Keep any topology cache or config of the CLI inside this test.
+    e["XDG_CACHE_HOME"] = path("cache");
+    e["XDG_CONFIG_HOME"] = path("config");
+    e["XDG_RUNTIME_DIR"] = path("runtime");
+    e["TMPDIR"] = path("tmp");
+    // Every nvtaskset run here passes --no-mps; should one still reach for
+    // MPS, it finds no daemon and no control program.
+    e["CUDA_MPS_PIPE_DIRECTORY"] = path("mps-pipe");
+    e["CUDA_MPS_LOG_DIRECTORY"] = path("mps-log");
+    e["NVTASKSET_MPS_CONTROL"] = path("no-such-mps-control");
+    return e;
+  }
+
+  Proc& start(const std::vector<std::string>& argv, const Env& env) {
+    auto p = std::make_unique<Proc>();
+    const std::string tag = std::to_string(procs_.size());
+    p->out_path = path("out." + tag);
+    p->err_path = path("err." + tag);
+    for (const auto& a : argv) p->command += (p->command.empty() ? "" : " ") + ("'" + a + "'");
+
+    std::vector<std::string> envs;
+    for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
+    std::vector<char*> cargv, cenv;
+    for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
+    cargv.push_back(nullptr);
+    for (const auto& s : envs) cenv.push_back(const_cast<char*>(s.c_str()));
+    cenv.push_back(nullptr);
+
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      // Dies with the test binary, even if it is killed before TearDown
+      // (kept across the exec, and across nvtaskset's exec of the command).
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      const int in = ::open("/dev/null", O_RDONLY);
+      const int out = ::open(p->out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      const int err = ::open(p->err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (in < 0 || out < 0 || err < 0 || ::chdir(dir_.c_str()) != 0) ::_exit(126);
+      ::dup2(in, 0);
+      ::dup2(out, 1);
+      ::dup2(err, 2);
+      ::execvpe(cargv[0], cargv.data(), cenv.data());
+      ::_exit(125);  // distinct from 127: the test harness, not nvtaskset, failed to exec
+    }
+    if (pid > 0) ::setpgid(pid, pid);
+    p->pid = pid;
+    procs_.push_back(std::move(p));
+    return *procs_.back();
+  }
+  Proc& start(const std::vector<std::string>& argv) { return start(argv, env_); }
+
+  Result run(const std::vector<std::string>& argv, const Env& env, Ms timeout = kTimeout) {
+    return start(argv, env).wait(timeout);
+  }
+  Result run(const std::vector<std::string>& argv) { return run(argv, env_); }
+
+  std::vector<Record> records() const {
+    std::vector<Record> out;
+    std::string text = read_file(record_);
+    // Only whole lines: a reader may catch a launch's write half-way.
+    text.erase(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
+    for (const auto& l : lines_of(text)) {
+      std::istringstream in(l);
+      Record r;
+      in >> r.pid >> r.layout >> r.valid >> r.mask;
+      out.push_back(r);
+    }
+    return out;
+  }
+  std::vector<Record> records_of(long pid) const {
+    std::vector<Record> out;
+    for (const auto& r : records())
+      if (r.pid == pid) out.push_back(r);
+    return out;
+  }
+
+  // Waits for a launcher's --ready-file and returns the pid it wrote.
+  long wait_ready(const std::string& ready, Proc& p) {
+    if (!wait_until([&] { return exists(ready) || !p.running(); })) return -1;
+    if (!exists(ready)) return -1;
+    return std::stol(read_file(ready));
+  }
+
+  // The pid a launcher printed on its first line ("pid N").
+  static long printed_pid(const std::string& out) {
+    const auto ls = lines_of(out);
+    if (ls.empty() || !ls[0].starts_with("pid ")) return -1;
+    return std::stol(ls[0].substr(4));
+  }
+
+  // Value printed by the launcher's --print-env NAME.
+  static std::optional<std::string> printed_env(const std::string& out, const std::string& name) {
+    for (const auto& l : lines_of(out)) {
+      if (l == "env " + name + " unset") return std::nullopt;
+      if (l.starts_with("env " + name + "=")) return l.substr(5 + name.size());
+    }
+    ADD_FAILURE() << "launcher did not print " << name << " in: " << out;
+    return std::nullopt;
+  }
+
+  // Waits until `n` records of `pid` come after index `from` in the record
+  // file, then returns those after `from + skip`.
+  std::vector<Record> records_after(long pid, std::size_t from, std::size_t skip, std::size_t n) {
+    std::vector<Record> mine;
+    wait_until([&] {
+      mine.clear();
+      const auto all = records();
+      for (std::size_t i = from; i < all.size(); ++i)
+        if (all[i].pid == pid) mine.push_back(all[i]);
+      return mine.size() >= skip + n;
+    });
+    if (mine.size() < skip + n) {
+      ADD_FAILURE() << "only " << mine.size() << " launches of pid " << pid << " after record " << from;
+      return {};
+    }
+    return {mine.begin() + static_cast<long>(skip), mine.end()};
+  }
+
+  std::string dir_;
+  std::string record_;
+  Env env_;
+  std::vector<std::unique_ptr<Proc>> procs_;
+  std::vector<std::string> cleanup_;
+};
+
+std::string pid_line(long pid, const std::string& what, const std::string& value) {
+  return "pid " + std::to_string(pid) + "'s " + what + ": " + value + "\n";
+}
+
+// --- 1, 2: launches under -t and under a hex mask --------------------------------
+
+class LauncherKinds : public E2E, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(LauncherKinds, TpcListMasksEveryLaunch) {
+  const std::string launcher = GetParam();
+  Proc& p = start({kCli, "--no-mps", "-t", "0-3", launcher, "--kernels", "5"});
+  const Result r = p.wait();
+  ASSERT_TRUE(ExitedWith(r, 0));
+  const long pid = printed_pid(r.out);
+  // nvtaskset execs the command: same process, so the exit status is the user's.
+  EXPECT_EQ(pid, p.pid) << r;
+  const auto recs = records();
+  ASSERT_EQ(recs.size(), 5u) << read_file(record_);
+  for (const auto& rec : recs) {
+    EXPECT_EQ(rec.pid, pid);
+    EXPECT_EQ(rec.layout, "v3");
+    EXPECT_EQ(rec.valid, 1);
+    EXPECT_EQ(rec.mask, "0xfffffffffffffff0");  // ~0xf over the V03 64-bit field
+  }
+}
+
+TEST_P(LauncherKinds, RunsUnchangedWithoutNvtaskset) {
+  // The test programs themselves: they reach the stand-in without the shim,
+  // and then nothing touches CUDA's own mask.
+  Env env = env_;
+  env["FAKECUDA_INITIAL_MASK"] = "0x5";
+  const Result r = run({GetParam(), "--kernels", "3"}, env);
+  ASSERT_TRUE(ExitedWith(r, 0));
+  const auto recs = records();
+  ASSERT_EQ(recs.size(), 3u);
+  for (const auto& rec : recs) EXPECT_EQ(rec.mask, "0x5") << rec;
+}
+
+INSTANTIATE_TEST_SUITE_P(E2E, LauncherKinds, ::testing::Values(kLauncher, kLauncherDlopen),
+                         [](const auto& info) { return fs::path(info.param).filename().string(); });
+
+struct MaskCase {
+  std::string name;
+  std::vector<std::string> spec;  // arguments between --no-mps and the command
+  std::string layout_env;         // FAKECUDA_TMD_LAYOUT, or "" for the default
+  std::string layout;             // expected layout in the records
+  std::string disable;            // expected disable mask
+};
+
+void PrintTo(const MaskCase& c, std::ostream* os) { *os << c.name; }
+
+class Masks : public E2E, public ::testing::WithParamInterface<MaskCase> {};
+
+TEST_P(Masks, EveryLaunchGetsTheMask) {
+  const MaskCase& c = GetParam();
+  Env env = env_;
+  if (!c.layout_env.empty()) env["FAKECUDA_TMD_LAYOUT"] = c.layout_env;
+  std::vector<std::string> argv{kCli, "--no-mps"};
+  argv.insert(argv.end(), c.spec.begin(), c.spec.end());
+  argv.insert(argv.end(), {kLauncher, "--kernels", "3"});
+  const Result r = run(argv, env);
+  ASSERT_TRUE(ExitedWith(r, 0));
+  const auto recs = records();
+  ASSERT_EQ(recs.size(), 3u) << read_file(record_);
+  for (const auto& rec : recs) {
+    EXPECT_EQ(rec.layout, c.layout) << rec;
+    EXPECT_EQ(rec.valid, 1) << rec;
+    EXPECT_EQ(rec.mask, c.disable) << rec;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    E2E, Masks,
+    ::testing::Values(MaskCase{"HexMask", {"0xf0"}, "", "v3", disable64(0xf0)},
+                      MaskCase{"HexMaskWithout0x", {"f0"}, "", "v3", disable64(0xf0)},
+                      MaskCase{"ListWithStride", {"-t", "0-7:2"}, "", "v3", disable64(0x55)},
+                      MaskCase{"ListOfRanges", {"-t", "1,3-4"}, "", "v3", disable64(0x1a)},
+                      MaskCase{"AllTpcs", {"-t", "0-7"}, "", "v3", disable64(0xff)},
+                      MaskCase{"LayoutV01", {"-t", "0-3"}, "v1", "v1", disable64(0xf)}),
+    [](const auto& info) { return info.param.name; });
+
+// --- 3: Hopper and Blackwell layouts with --physical -------------------------
+
+struct PhysicalCase {
+  std::string name;
+  std::string cc;
+  std::string layout;
+  std::string mask;
+  std::string disable;
+};
+
+void PrintTo(const PhysicalCase& c, std::ostream* os) { *os << c.name; }
+
+class Physical : public E2E, public ::testing::WithParamInterface<PhysicalCase> {};
+
+TEST_P(Physical, RawBitsReachThe128BitField) {
+  const PhysicalCase& c = GetParam();
+  Env env = env_;
+  env["FAKECUDA_CC"] = c.cc;
+  const Result r = run({kCli, "--no-mps", "--physical", c.mask, kLauncher, "--kernels", "3"}, env);
+  ASSERT_TRUE(ExitedWith(r, 0));
+  const auto recs = records();
+  ASSERT_EQ(recs.size(), 3u) << read_file(record_);
+  for (const auto& rec : recs) {
+    EXPECT_EQ(rec.layout, c.layout) << rec;
+    EXPECT_EQ(rec.valid, 1) << rec;  // V04/V05: the mask counts only with its valid bit
+    EXPECT_EQ(rec.mask, c.disable) << rec;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    E2E, Physical,
+    ::testing::Values(PhysicalCase{"Hopper", "9.0", "v4", "0xffff", disable128(0, 0xffff)},
+                      // bit 80: working Hopper TPCs sit above bit 63 (FACTS.md)
+                      PhysicalCase{"HopperHighBits", "9.0", "v4", "0x10000000000000000ffff",
+                                   disable128(0x10000, 0xffff)},
+                      PhysicalCase{"Blackwell", "10.0", "v5", "0xffff", disable128(0, 0xffff)}),
+    [](const auto& info) { return info.param.name; });
+
+TEST_F(E2E, PhysicalQueryAndLiveChange) {
+  env_["FAKECUDA_CC"] = "9.0";
+  const std::string until = path("until"), ready = path("ready");
+  Proc& p = start({kCli, "--no-mps", "--physical", "0xffff", kLauncher, "--until-file", until, "--interval-ms", "5",
+                   "--ready-file", ready});
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0) << p.wait();
+
+  Result q = run({kCli, "-p", std::to_string(pid)});
+  EXPECT_TRUE(ExitedWith(q, 0));
+  EXPECT_EQ(q.out, pid_line(pid, "current physical mask", "0xffff")) << q;
+
+  q = run({kCli, "-p", "--physical", "0xff", std::to_string(pid)});
+  const std::size_t before = records().size();
+  EXPECT_TRUE(ExitedWith(q, 0));
+  EXPECT_EQ(q.out, pid_line(pid, "current physical mask", "0xffff") + pid_line(pid, "new physical mask", "0xff"))
+      << q;
+  for (const auto& rec : records_after(pid, before, 1, 3)) {
+    EXPECT_EQ(rec.valid, 1) << rec;
+    EXPECT_EQ(rec.mask, disable128(0, 0xff)) << rec;
+  }
+  touch(until);
+  EXPECT_TRUE(ExitedWith(p.wait(), 0));
+}
+
+// --- 4: -p query and live change in the middle of a run ----------------------
+
+TEST_F(E2E, LiveChangeReachesTheNextLaunch) {
+  const std::string until = path("until"), ready = path("ready");
+  Proc& p = start({kCli, "--no-mps", "-t", "0-3", kLauncher, "--until-file", until, "--interval-ms", "5",
+                   "--ready-file", ready});
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0) << p.wait();
+  const std::string spid = std::to_string(pid);
+
+  Result q = run({kCli, "-p", spid});
+  EXPECT_TRUE(ExitedWith(q, 0));
+  EXPECT_EQ(q.out, pid_line(pid, "current TPC list", "0-3")) << q;
+
+  q = run({kCli, "-p", "-t", "4-5", spid});
+  // Only records written after the command returned count.
+  std::size_t before = records().size();
+  EXPECT_TRUE(ExitedWith(q, 0));
+  EXPECT_EQ(q.out, pid_line(pid, "current TPC list", "0-3") + pid_line(pid, "new TPC list", "4-5")) << q;
+  // The first record after the command may come from a launch whose callback
+  // ran before the change; every launch after that has the new mask.
+  for (const auto& rec : records_after(pid, before, 1, 3)) EXPECT_EQ(rec.mask, disable64(0x30)) << rec;
+
+  q = run({kCli, "-p", spid});
+  EXPECT_EQ(q.out, pid_line(pid, "current TPC list", "4-5")) << q;
+
+  q = run({kCli, "-p", "0x3", spid});
+  before = records().size();
+  EXPECT_TRUE(ExitedWith(q, 0));
+  EXPECT_EQ(q.out, pid_line(pid, "current TPC mask", "0x30") + pid_line(pid, "new TPC mask", "0x3")) << q;
+  for (const auto& rec : records_after(pid, before, 1, 3)) EXPECT_EQ(rec.mask, disable64(0x3)) << rec;
+
+  // The launches before the first change all had the original partition.
+  const auto all = records_of(pid);
+  ASSERT_FALSE(all.empty());
+  EXPECT_EQ(all.front().mask, disable64(0xf));
+
+  touch(until);
+  EXPECT_TRUE(ExitedWith(p.wait(), 0));
+}
+
+TEST_F(E2E, LiveChangesWhileManyThreadsLaunch) {
+  // Four threads launch back to back while the partition flips: every launch
+  // sees one of the partitions, whole (never a mix of two), and once a change
+  // has returned, each thread's next launch has it.
+  constexpr int kThreads = 4;
+  const std::string until = path("until"), ready = path("ready");
+  Proc& p = start({kCli, "--no-mps", "-t", "0-3", kLauncher, "--threads", std::to_string(kThreads), "--interval-ms",
+                   "1", "--until-file", until, "--ready-file", ready});
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0) << p.wait();
+  const std::string spid = std::to_string(pid);
+  const std::vector<std::pair<std::string, std::uint64_t>> flips = {
+      {"4-7", 0xf0}, {"0-3", 0x0f}, {"0,2,4,6", 0x55}, {"1,3,5,7", 0xaa}, {"0-7", 0xff}};
+  for (const auto& [list, enabled] : flips) {
+    const Result q = run({kCli, "-p", "-t", list, spid});
+    const std::size_t before = records().size();
+    ASSERT_TRUE(ExitedWith(q, 0));
+    for (const auto& rec : records_after(pid, before, kThreads, 8)) EXPECT_EQ(rec.mask, disable64(enabled)) << rec;
+  }
+  touch(until);
+  EXPECT_TRUE(ExitedWith(p.wait(), 0));
+  std::set<std::string> allowed{disable64(0x0f)};
+  for (const auto& f : flips) allowed.insert(disable64(f.second));
+  std::size_t n = 0;
+  for (const auto& rec : records_of(pid)) {
+    ++n;
+    EXPECT_TRUE(allowed.count(rec.mask)) << "torn or foreign mask: " << rec;
+  }
+  EXPECT_GT(n, 40u);
+}
+
+// --- 5: a process started without nvtaskset (system-wide mode) -------------------
+
+TEST_F(E2E, UnpartitionedProcessIsUntouchedThenMovable) {
+  const std::string until = path("until"), ready = path("ready");
+  Env env = env_;
+  env["LD_LIBRARY_PATH"] = shim_dir();
+  env["FAKECUDA_INITIAL_MASK"] = "0x5";  // CUDA's own mask must survive
+  Proc& p = start({kLauncher, "--until-file", until, "--interval-ms", "5", "--ready-file", ready}, env);
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0) << p.wait();
+  const std::string spid = std::to_string(pid);
+
+  Result q = run({kCli, "-p", spid});
+  EXPECT_TRUE(ExitedWith(q, 0));
+  EXPECT_EQ(q.out, pid_line(pid, "current TPC list", "0-7")) << q;
+  const auto untouched = records_of(pid);
+  ASSERT_FALSE(untouched.empty());
+  for (const auto& rec : untouched) EXPECT_EQ(rec.mask, "0x5") << rec;
+
+  q = run({kCli, "-p", "-t", "1", spid});
+  const std::size_t before = records().size();
+  EXPECT_TRUE(ExitedWith(q, 0));
+  EXPECT_EQ(q.out, pid_line(pid, "current TPC list", "0-7") + pid_line(pid, "new TPC list", "1")) << q;
+  for (const auto& rec : records_after(pid, before, 1, 3)) EXPECT_EQ(rec.mask, disable64(0x2)) << rec;
+
+  touch(until);
+  EXPECT_TRUE(ExitedWith(p.wait(), 0));
+}
+
+TEST_F(E2E, ShimWorksFromLdPreload) {
+  // The partition as nvtaskset hands it over...
+  Result r = run({kCli, "--no-mps", "-t", "2-3", kLauncher, "--print-env", "NVTASKSET_PARTITION"});
+  ASSERT_TRUE(ExitedWith(r, 0));
+  const auto partition = printed_env(r.out, "NVTASKSET_PARTITION");
+  ASSERT_TRUE(partition.has_value()) << r;
+  ::unlink(record_.c_str());
+  // ...given to a program that gets the shim through LD_PRELOAD, and also
+  // finds it first on LD_LIBRARY_PATH (loaded twice: harmless).
+  for (const bool also_path : {false, true}) {
+    SCOPED_TRACE(also_path ? "LD_PRELOAD and LD_LIBRARY_PATH" : "LD_PRELOAD");
+    Env env = env_;
+    env["LD_PRELOAD"] = kShim;
+    if (also_path) env["LD_LIBRARY_PATH"] = shim_dir();
+    env["NVTASKSET_PARTITION"] = *partition;
+    r = run({kLauncher, "--kernels", "3"}, env);
+    ASSERT_TRUE(ExitedWith(r, 0));
+    const auto recs = records_of(printed_pid(r.out));
+    ASSERT_EQ(recs.size(), 3u);
+    for (const auto& rec : recs) EXPECT_EQ(rec.mask, disable64(0xc)) << rec;
+  }
+}
+
+// --- 6: bad PIDs -----------------------------------------------------------------
+
+TEST_F(E2E, BadPids) {
+  Proc& gone = start({"true"});
+  ASSERT_TRUE(ExitedWith(gone.wait(), 0));
+  const std::string dead = std::to_string(gone.pid);
+  Result r = run({kCli, "-p", dead});
+  EXPECT_TRUE(FailedWithOneLine(r));
+  EXPECT_NE(r.err.find("pid " + dead), std::string::npos) << r;
+
+  Proc& sleeper = start({"sleep", "30"});
+  ASSERT_TRUE(wait_until([&] { return read_file("/proc/" + std::to_string(sleeper.pid) + "/comm") == "sleep\n"; }));
+  for (const std::string& pid : {std::string("1"), std::to_string(sleeper.pid)}) {
+    SCOPED_TRACE("pid " + pid);
+    const std::string expected = "nvtaskset: pid " + pid + " is not running under nvtaskset\n";
+    r = run({kCli, "-p", pid});
+    EXPECT_TRUE(FailedWithOneLine(r));
+    EXPECT_EQ(r.err, expected) << r;
+    r = run({kCli, "-p", "-t", "0", pid});
+    EXPECT_TRUE(FailedWithOneLine(r));
+    EXPECT_EQ(r.err, expected) << r;
+    EXPECT_EQ(r.out, "") << r;
+  }
+  EXPECT_TRUE(sleeper.running());
+
+  for (const std::string bad : {"abc", "-5", "0", "12abc", "99999999999999999999"}) {
+    SCOPED_TRACE("pid \"" + bad + "\"");
+    r = run({kCli, "-p", bad});
+    EXPECT_TRUE(FailedWithOneLine(r));
+    r = run({kCli, "-p", "-t", "0", bad});
+    EXPECT_TRUE(FailedWithOneLine(r));
+  }
+  r = run({kCli, "-p"});
+  EXPECT_TRUE(FailedWithOneLine(r));
+}
+
+// --- 7: bad lists and masks never start the command --------------------------------
+
+struct BadSpec {
+  std::string name;
+  std::vector<std::string> args;  // between --no-mps and the command
+};
+
+void PrintTo(const BadSpec& c, std::ostream* os) { *os << c.name; }
+
+class BadSpecs : public E2E, public ::testing::WithParamInterface<BadSpec> {};
+
+TEST_P(BadSpecs, RejectedBeforeTheCommandRuns) {
+  // Control: the same command with a good list runs, so the failure below is
+  // the bad argument's, not the setup's.
+  const std::string control = path("control");
+  ASSERT_TRUE(ExitedWith(run({kCli, "--no-mps", "-t", "0", "touch", control}), 0));
+  ASSERT_TRUE(exists(control));
+  ::unlink(record_.c_str());
+
+  const std::string marker = path("marker");
+  std::vector<std::string> argv{kCli, "--no-mps"};
+  argv.insert(argv.end(), GetParam().args.begin(), GetParam().args.end());
+  argv.insert(argv.end(), {"touch", marker});
+  const Result r = run(argv);
+  EXPECT_TRUE(FailedWithOneLine(r));
+  EXPECT_FALSE(exists(marker)) << "the command ran" << r;
+  EXPECT_FALSE(exists(record_));
+}
+
+INSTANTIATE_TEST_SUITE_P(E2E, BadSpecs,
+                         ::testing::Values(BadSpec{"EmptyList", {"-t", ""}},                     //
+                                           BadSpec{"OpenRange", {"-t", "1-"}},                   //
+                                           BadSpec{"LeadingDash", {"-t", "-1"}},                 //
+                                           BadSpec{"Letter", {"-t", "a"}},                       //
+                                           BadSpec{"ReversedRange", {"-t", "3-1"}},              //
+                                           BadSpec{"ZeroStride", {"-t", "0-7:0"}},               //
+                                           BadSpec{"EmptyItem", {"-t", "0,,1"}},                 //
+                                           BadSpec{"TpcBeyondDevice", {"-t", "8"}},              //
+                                           BadSpec{"RangeBeyondDevice", {"-t", "0-8"}},          //
+                                           BadSpec{"EmptyMask", {"0x0"}},                        //
+                                           BadSpec{"NotHex", {"0xzz"}},                          //
+                                           BadSpec{"MaskOf33Digits", {"0x1" + std::string(32, '0')}},  //
+                                           BadSpec{"MaskBeyondDevice", {"0x100"}},               //
+                                           BadSpec{"UnknownOption", {"--bogus", "-t", "0"}}),
+                         [](const auto& info) { return info.param.name; });
+
+TEST_F(E2E, MissingCommandIsAnError) {
+  const Result r = run({kCli, "--no-mps", "-t", "0"});
+  EXPECT_TRUE(FailedWithOneLine(r));
+}
+
+// --- 8: the shim never loads itself as the real driver -------------------------------
+
+TEST_F(E2E, RealDriverPointingAtTheShimIsAnError) {
+  env_["NVTASKSET_REAL_LIBCUDA"] = kShim;
+  const std::string marker = path("marker");
+  Result r = run({kCli, "--no-mps", "-t", "0-3", "touch", marker});
+  EXPECT_TRUE(FailedWithOneLine(r));
+  EXPECT_FALSE(exists(marker));
+
+  // A program that loads the shim directly, told the same: it must neither
+  // hang nor crash, nor run kernels.
+  Env env = env_;
+  env["LD_LIBRARY_PATH"] = shim_dir();
+  r = run({kLauncher, "--kernels", "1"}, env);
+  EXPECT_FALSE(r.timed_out) << r;
+  EXPECT_TRUE(r.exited) << r;
+  EXPECT_NE(r.code, 0) << r;
+  EXPECT_FALSE(exists(record_));
+}
+
+TEST_F(E2E, ShimCopyOnLibraryPathIsNeverLoaded) {
+  // A copy of the shim, alone in a directory, looks exactly like a driver to
+  // anyone searching for libcuda.so.1.
+  const std::string decoy_dir = path("decoy");
+  fs::create_directories(decoy_dir);
+  const std::string decoy = decoy_dir + "/libcuda.so.1";
+  fs::copy_file(kShim, decoy);
+  Env env = env_;
+  env.erase("NVTASKSET_REAL_LIBCUDA");
+  env["LD_LIBRARY_PATH"] = decoy_dir;
+  // The loader logs every file it tries or loads, in every process.
+  env["LD_DEBUG"] = "files,libs";
+  env["LD_DEBUG_OUTPUT"] = path("ld");
+  auto decoy_seen = [&] {
+    std::vector<std::string> hits;
+    for (const auto& f : fs::directory_iterator(dir_))
+      if (f.path().filename().string().starts_with("ld.")) {
+        const std::string log = read_file(f.path().string());
+        for (const auto& l : lines_of(log))
+          if (l.find(decoy) != std::string::npos) hits.push_back(l);
+      }
+    return hits;
+  };
+
+  // Through nvtaskset: without a real driver the CLI must fail cleanly; with
+  // one (a GPU machine) the task runs; either way the decoy is never loaded.
+  Result r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--print-libcuda", "--kernels", "1"}, env);
+  EXPECT_FALSE(r.timed_out) << r;
+  EXPECT_TRUE(r.exited) << r;
+  if (r.code != 0) {
+    EXPECT_TRUE(FailedWithOneLine(r));
+  }
+  EXPECT_EQ(r.out.find(decoy), std::string::npos) << r;
+  EXPECT_TRUE(decoy_seen().empty()) << "loader tried the decoy:\n" << ::testing::PrintToString(decoy_seen());
+
+  // A program that loads the real shim first (as nvtaskset arranges), with
+  // the decoy behind it on the path: the shim looks for the driver and must
+  // not take the decoy.
+  std::error_code ec;
+  for (const auto& f : fs::directory_iterator(dir_))
+    if (f.path().filename().string().starts_with("ld.")) fs::remove(f.path(), ec);
+  env["LD_LIBRARY_PATH"] = shim_dir() + ":" + decoy_dir;
+  r = run({kLauncher, "--print-libcuda", "--kernels", "1"}, env);
+  EXPECT_FALSE(r.timed_out) << r;
+  EXPECT_TRUE(r.exited) << r;
+  // The launcher got to main and listed what it had mapped: the shim, not the decoy.
+  EXPECT_NE(r.out.find("libcuda " + fs::canonical(kShim).string()), std::string::npos) << r;
+  EXPECT_EQ(r.out.find(decoy), std::string::npos) << r;
+  EXPECT_TRUE(decoy_seen().empty()) << "loader tried the decoy:\n" << ::testing::PrintToString(decoy_seen());
+  // The loader log exists, so the check above could have failed.
+  bool logged = false;
+  for (const auto& f : fs::directory_iterator(dir_))
+    logged |= f.path().filename().string().starts_with("ld.") &&
+              read_file(f.path().string()).find(shim_dir()) != std::string::npos;
+  EXPECT_TRUE(logged) << "no loader log mentions the shim directory";
+}
+
+// --- 9: children ----------------------------------------------------------------------
+
+TEST_F(E2E, ForkedChildGetsItsOwnRegionWithTheParentsPartition) {
+  const std::string until = path("until"), ready = path("ready");
+  Proc& p = start({kCli, "--no-mps", "-t", "0-3", kLauncher, "--fork", "--until-file", until, "--interval-ms", "5",
+                   "--ready-file", ready});
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0) << p.wait();
+  const long child = wait_ready(ready + ".child", p);
+  ASSERT_GT(child, 0) << p.wait();
+  EXPECT_NE(p.out().find("child " + std::to_string(child) + "\n"), std::string::npos) << p.out();
+
+  Result q = run({kCli, "-p", std::to_string(child)});
+  EXPECT_TRUE(ExitedWith(q, 0));
+  EXPECT_EQ(q.out, pid_line(child, "current TPC list", "0-3")) << q;
+  EXPECT_TRUE(exists("/dev/shm/nvtaskset." + std::to_string(child)));
+
+  // Its own region: moving the child leaves the parent where it was.
+  q = run({kCli, "-p", "-t", "6-7", std::to_string(child)});
+  const std::size_t before = records().size();
+  EXPECT_TRUE(ExitedWith(q, 0));
+  EXPECT_EQ(q.out, pid_line(child, "current TPC list", "0-3") + pid_line(child, "new TPC list", "6-7")) << q;
+  for (const auto& rec : records_after(child, before, 1, 3)) EXPECT_EQ(rec.mask, disable64(0xc0)) << rec;
+  for (const auto& rec : records_after(pid, before, 0, 3)) EXPECT_EQ(rec.mask, disable64(0xf)) << rec;
+  q = run({kCli, "-p", std::to_string(pid)});
+  EXPECT_EQ(q.out, pid_line(pid, "current TPC list", "0-3")) << q;
+
+  touch(until);
+  EXPECT_TRUE(ExitedWith(p.wait(), 0));
+  const auto child_recs = records_of(child);
+  ASSERT_FALSE(child_recs.empty());
+  EXPECT_EQ(child_recs.front().mask, disable64(0xf)) << "the child's first launch was not masked";
+  EXPECT_FALSE(exists("/dev/shm/nvtaskset." + std::to_string(child)));
+}
+
+TEST_F(E2E, ExecdChildGetsTheParentsCurrentPartition) {
+  const std::string until = path("until"), ready = path("ready");
+  Proc& p = start({kCli, "--no-mps", "-t", "0-3", kLauncher, "--exec-child", "--kernels", "3", "--until-file", until,
+                   "--interval-ms", "5", "--ready-file", ready});
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0) << p.wait();
+  const Result q = run({kCli, "-p", "-t", "4-5", std::to_string(pid)});
+  ASSERT_TRUE(ExitedWith(q, 0));
+  touch(until);
+  const Result r = p.wait();
+  ASSERT_TRUE(ExitedWith(r, 0));
+  long child = -1;
+  for (const auto& l : lines_of(r.out))
+    if (l.starts_with("child ")) child = std::stol(l.substr(6));
+  ASSERT_GT(child, 0) << r;
+  const auto recs = records_of(child);
+  ASSERT_EQ(recs.size(), 3u) << read_file(record_);
+  for (const auto& rec : recs) EXPECT_EQ(rec.mask, disable64(0x30)) << rec;
+}
+
+// --- 10: an unknown TMD layout while partitioned ----------------------------------------
+
+// Lines of `text` that mention the TMD (also called QMD), case-insensitively.
+std::size_t tmd_lines(const std::string& text) {
+  std::size_t n = 0;
+  for (auto l : lines_of(text)) {
+    std::transform(l.begin(), l.end(), l.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (l.find("tmd") != std::string::npos || l.find("qmd") != std::string::npos) ++n;
+  }
+  return n;
+}
+
+TEST_F(E2E, UnknownTmdLayoutStopsThePartitionedTask) {
+  env_["FAKECUDA_TMD_LAYOUT"] = "unknown";
+  env_["FAKECUDA_INITIAL_MASK"] = "0x5";
+  const Result r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--kernels", "3"});
+  EXPECT_FALSE(r.timed_out) << r;
+  EXPECT_FALSE(r.exited && r.code == 0) << "a partitioned task ran unpartitioned" << r;
+  const auto ls = lines_of(r.err);
+  ASSERT_EQ(ls.size(), 1u) << r;
+  EXPECT_EQ(tmd_lines(r.err), 1u) << r;
+  for (const auto& rec : records()) EXPECT_EQ(rec.mask, "0x5") << "a launch ran with a guessed mask: " << rec;
+}
+
+TEST_F(E2E, UnknownTmdLayoutWithWarnRunsUnmasked) {
+  env_["FAKECUDA_TMD_LAYOUT"] = "unknown";
+  env_["FAKECUDA_INITIAL_MASK"] = "0x5";
+  env_["NVTASKSET_ON_UNSUPPORTED"] = "warn";
+  const Result r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--kernels", "5"});
+  ASSERT_TRUE(ExitedWith(r, 0));
+  EXPECT_EQ(tmd_lines(r.err), 1u) << "the warning must appear once" << r;
+  const auto recs = records();
+  ASSERT_EQ(recs.size(), 5u);
+  for (const auto& rec : recs) {
+    EXPECT_EQ(rec.layout, "unknown") << "TMD bytes changed: " << rec;
+    EXPECT_EQ(rec.mask, "0x5") << rec;
+  }
+}
+
+// --- 11: environment and exit status ------------------------------------------------------
+
+TEST_F(E2E, EnvironmentOfTheTask) {
+  const std::vector<std::string> print{"--print-env", "CUDA_DEVICE_MAX_CONNECTIONS", "--print-env", "LD_LIBRARY_PATH",
+                                       "--print-env", "NVTASKSET_PARTITION"};
+  auto launch = [&](const Env& env) {
+    std::vector<std::string> argv{kCli, "--no-mps", "-t", "0", kLauncher};
+    argv.insert(argv.end(), print.begin(), print.end());
+    return run(argv, env);
+  };
+  auto shim_first = [](const std::string& v) {
+    const std::string first = v.substr(0, v.find(':'));
+    std::error_code ec;
+    return fs::equivalent(first, shim_dir(), ec);
+  };
+
+  Result r = launch(env_);
+  ASSERT_TRUE(ExitedWith(r, 0));
+  EXPECT_EQ(printed_env(r.out, "CUDA_DEVICE_MAX_CONNECTIONS").value_or("<unset>"), "8");
+  auto ldp = printed_env(r.out, "LD_LIBRARY_PATH");
+  ASSERT_TRUE(ldp.has_value());
+  // Exactly the shim dir: a trailing ':' would add the working directory.
+  EXPECT_EQ(ldp->find(':'), std::string::npos) << *ldp;
+  EXPECT_TRUE(shim_first(*ldp)) << *ldp;
+  EXPECT_TRUE(printed_env(r.out, "NVTASKSET_PARTITION").has_value());
+
+  Env env = env_;
+  env["CUDA_DEVICE_MAX_CONNECTIONS"] = "4";
+  env["LD_LIBRARY_PATH"] = "/opt/user/lib:/opt/other";
+  r = launch(env);
+  ASSERT_TRUE(ExitedWith(r, 0));
+  EXPECT_EQ(printed_env(r.out, "CUDA_DEVICE_MAX_CONNECTIONS").value_or("<unset>"), "4");
+  ldp = printed_env(r.out, "LD_LIBRARY_PATH");
+  ASSERT_TRUE(ldp.has_value());
+  EXPECT_TRUE(shim_first(*ldp)) << *ldp;
+  EXPECT_TRUE(ldp->ends_with(":/opt/user/lib:/opt/other")) << *ldp;
+  EXPECT_EQ(std::count(ldp->begin(), ldp->end(), ':'), 2) << *ldp;
+}
+
+TEST_F(E2E, ExitStatusIsTheCommands) {
+  Result r = run({kCli, "--no-mps", "-t", "0", "sh", "-c", "exit 7"});
+  EXPECT_TRUE(ExitedWith(r, 7));
+  r = run({kCli, "--no-mps", "-t", "0", "sh", "-c", "exit 0"});
+  EXPECT_TRUE(ExitedWith(r, 0));
+  r = run({kCli, "--no-mps", "-t", "0", "sh", "-c", "kill -TERM $$"});
+  EXPECT_FALSE(r.timed_out) << r;
+  EXPECT_FALSE(r.exited) << r;
+  EXPECT_EQ(r.signal, SIGTERM) << r;
+}
+
+TEST_F(E2E, CommandThatCannotRunExits127) {
+  for (const std::string& cmd : {std::string("/nonexistent/command"), std::string("nvtaskset-no-such-command")}) {
+    SCOPED_TRACE(cmd);
+    const Result r = run({kCli, "--no-mps", "-t", "0", cmd});
+    EXPECT_TRUE(FailedWithOneLine(r, 127));
+  }
+}
+
+// --- 12: control-region lifetime ---------------------------------------------------------
+
+TEST_F(E2E, RegionLivesExactlyAsLongAsTheTask) {
+  const std::string until = path("until"), ready = path("ready");
+  Proc& p = start({kCli, "--no-mps", "-t", "0-3", kLauncher, "--until-file", until, "--interval-ms", "5",
+                   "--ready-file", ready});
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0) << p.wait();
+  const std::string region = "/dev/shm/nvtaskset." + std::to_string(pid);
+  struct stat st;
+  ASSERT_EQ(::stat(region.c_str(), &st), 0) << region << ": " << std::strerror(errno);
+  EXPECT_EQ(st.st_mode & 07777, 0600u) << "region mode " << std::oct << (st.st_mode & 07777);
+  EXPECT_EQ(st.st_uid, ::getuid());
+
+  // A stale copy: a region whose process is gone.
+  Proc& gone = start({"true"});
+  ASSERT_TRUE(ExitedWith(gone.wait(), 0));
+  const std::string stale = "/dev/shm/nvtaskset." + std::to_string(gone.pid);
+  cleanup_.push_back(stale);
+  fs::copy_file(region, stale);
+  ::chmod(stale.c_str(), 0600);
+  const Result q = run({kCli, "-p", std::to_string(gone.pid)});
+  EXPECT_TRUE(FailedWithOneLine(q));
+  // taskset's answer for a PID that is gone; the leftover region goes with it.
+  EXPECT_EQ(q.err, "nvtaskset: pid " + std::to_string(gone.pid) + ": no such process\n") << q;
+  EXPECT_FALSE(exists(stale)) << "stale region was not removed";
+
+  touch(until);
+  EXPECT_TRUE(ExitedWith(p.wait(), 0));
+  EXPECT_FALSE(exists(region)) << "region outlived its task";
+}
+
+TEST_F(E2E, LeavesNoTemporaryFiles) {
+  // nvtaskset execs the command, so nothing it created in $TMPDIR for itself
+  // can be cleaned up afterwards: it must be gone before the exec.
+  ASSERT_TRUE(ExitedWith(run({kCli, "--no-mps", "-t", "0-3", kLauncher}), 0));
+  ASSERT_EQ(records().size(), 1u);
+  std::vector<std::string> left;
+  for (const auto& f : fs::directory_iterator(path("tmp"))) left.push_back(f.path().string());
+  EXPECT_TRUE(left.empty()) << "left in $TMPDIR: " << ::testing::PrintToString(left);
+}
+
+// --- 13: Hopper needs a topology ---------------------------------------------------------
+
+TEST_F(E2E, HopperLogicalListWithoutTopologyIsAnError) {
+  env_["FAKECUDA_CC"] = "9.0";
+  const std::string marker = path("marker");
+  const Result r = run({kCli, "--no-mps", "-t", "0-3", "touch", marker});
+  EXPECT_TRUE(FailedWithOneLine(r));
+  EXPECT_FALSE(exists(marker));
+  EXPECT_FALSE(exists(record_));
+}
+
+// --- 14: --help ----------------------------------------------------------------------------
+
+TEST_F(E2E, HelpNamesTheOptions) {
+  const Result r = run({kCli, "--help"});
+  ASSERT_TRUE(ExitedWith(r, 0));
+  // As options, not as parts of longer ones ("--physical" contains "-p").
+  for (const std::string opt : {"-p", "-t", "--physical", "--no-mps"})
+    EXPECT_TRUE(std::regex_search(r.out, std::regex("(^|[\\s,\\[])" + opt + "([\\s,=\\]]|$)")))
+        << "--help does not mention " << opt << r;
+}
+
+}  // namespace

@@ -1,0 +1,732 @@
+// A stand-in for NVIDIA's libcuda.so.1, for end-to-end tests without a GPU.
+//
+// It models exactly what nvtaskset depends on (../../shared/reference/FACTS.md,
+// "The launch callback"): cuGetExportTable hands out the callback table CUPTI
+// uses; entry 3 subscribes, entry 6 enables (domain, cbid); every launch builds
+// a TMD image of the configured layout, writes CUDA's own per-stream mask into
+// it, and runs the callbacks enabled for domain 0xb / cbid 0x1 synchronously
+// in the launching thread, with params whose first 32-bit word is the struct
+// size and whose 5th pointer is the TMD. What the callbacks leave in the mask
+// field is then recorded, one line per launch, so tests can check what the
+// hardware would have been told.
+//
+// Configuration (read once per process, from the environment):
+//   FAKECUDA_DEVICES       number of devices (default 1, at most 8)
+//   FAKECUDA_SM_COUNT      SMs per device (default 16, i.e. 8 TPCs)
+//   FAKECUDA_CC            compute capability "major.minor" (default 8.6)
+//   FAKECUDA_TMD_LAYOUT    v1|v3|v4|v5|unknown (default from CC: <9 v3, 9.x v4, >=10 v5)
+//   FAKECUDA_INITIAL_MASK  hex disable mask written before the callbacks run
+//   FAKECUDA_RECORD        file; each launch appends
+//                          "<pid> <layout> <valid 0|1> <disable mask 0x hex>"
+// The layout field gets a trailing '!' when a callback changed any TMD byte
+// outside the mask field and its valid bit: a shim writing at the wrong
+// offsets must not go unnoticed.
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <vector>
+
+// Everything cuda.h declares is part of the exported API; the rest of this
+// file is hidden (-fvisibility=hidden).
+#pragma GCC visibility push(default)
+#include <cuda.h>
+// cuda.h maps these names to their newer versions; the driver exports both
+// the legacy and the versioned symbols, so the stand-in does too.
+#undef cuGetProcAddress
+#undef cuDeviceGetUuid
+extern "C" {
+CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
+CUresult CUDAAPI cuDeviceGetUuid(CUuuid* uuid, CUdevice dev);
+}
+#pragma GCC visibility pop
+
+#include "nvtaskset/launch_hook.hpp"
+#include "nvtaskset/tmd.hpp"
+
+namespace {
+
+namespace tmd = nvtaskset::tmd;
+namespace hook = nvtaskset::hook;
+using nvtaskset::Bits128;
+
+constexpr int kMaxDevices = 8;
+// The real TMD is 256 bytes (V03) to 384 bytes (V05); 512 covers every layout.
+constexpr std::size_t kTmdBytes = 512;
+// Params struct size handed to callbacks: above hook::kMinParamsSize, as the
+// real driver's is.
+constexpr std::uint32_t kParamsSize = 0x40;
+
+[[noreturn]] void fatal(const char* what, const char* value) {
+  std::fprintf(stderr, "fakecuda: %s%s%s\n", what, value ? ": " : "", value ? value : "");
+  std::abort();
+}
+
+// A layout as the stand-in builds it.
+struct LayoutSpec {
+  const char* name;
+  tmd::Layout layout;  // what tmd::detect must say about the image
+  unsigned char byte72;
+  unsigned char byte58;
+};
+
+// Version bytes from NVIDIA open-gpu-doc cl*qmd.h (QMD_MAJOR_VERSION << 4 |
+// QMD_VERSION at byte 72; V05 moved it to byte 58).
+constexpr LayoutSpec kLayouts[] = {
+    {"v1", tmd::Layout::kV01toV03, 0x16, 0},  // V01_06 (Kepler2)
+    {"v3", tmd::Layout::kV01toV03, 0x30, 0},  // V03_00 (Ampere, Ada)
+    {"v4", tmd::Layout::kV04, 0x40, 0},       // V04_00 (Hopper)
+    {"v5", tmd::Layout::kV05, 0, 0x50},       // V05_00 (Blackwell)
+    // V00_06 (Kepler1) has no TPC mask at all: the shim must not know it.
+    {"unknown", tmd::Layout::kUnknown, 0x06, 0},
+};
+
+struct Config {
+  int devices = 1;
+  unsigned sm_count = 16;
+  int cc_major = 8;
+  int cc_minor = 6;
+  const LayoutSpec* layout = nullptr;
+  Bits128 initial_mask;
+  std::string record_path;
+};
+
+long parse_int(const char* name, const char* v, long lo, long hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long x = std::strtol(v, &end, 10);
+  if (errno || end == v || *end || x < lo || x > hi) fatal("bad value for", name);
+  return x;
+}
+
+Bits128 parse_hex128(const char* name, std::string_view v) {
+  if (v.starts_with("0x") || v.starts_with("0X")) v.remove_prefix(2);
+  if (v.empty() || v.size() > 32) fatal("bad hex mask in", name);
+  Bits128 m;
+  for (char c : v) {
+    unsigned d;
+    if (c >= '0' && c <= '9') d = c - '0';
+    else if (c >= 'a' && c <= 'f') d = c - 'a' + 10;
+    else if (c >= 'A' && c <= 'F') d = c - 'A' + 10;
+    else fatal("bad hex mask in", name);
+    m.hi = (m.hi << 4) | (m.lo >> 60);
+    m.lo = (m.lo << 4) | d;
+  }
+  return m;
+}
+
+Config load_config() {
+  Config c;
+  if (const char* v = std::getenv("FAKECUDA_DEVICES")) c.devices = parse_int("FAKECUDA_DEVICES", v, 0, kMaxDevices);
+  if (const char* v = std::getenv("FAKECUDA_SM_COUNT"))
+    c.sm_count = static_cast<unsigned>(parse_int("FAKECUDA_SM_COUNT", v, 2, 256));
+  if (const char* v = std::getenv("FAKECUDA_CC")) {
+    int maj = 0, min = 0;
+    char tail = 0;
+    if (std::sscanf(v, "%d.%d%c", &maj, &min, &tail) != 2 || maj < 3 || min < 0 || min > 9)
+      fatal("bad value for FAKECUDA_CC (want major.minor)", v);
+    c.cc_major = maj;
+    c.cc_minor = min;
+  }
+  const char* want = std::getenv("FAKECUDA_TMD_LAYOUT");
+  if (!want || !*want) want = c.cc_major < 9 ? "v3" : c.cc_major == 9 ? "v4" : "v5";
+  for (const auto& l : kLayouts)
+    if (std::strcmp(l.name, want) == 0) c.layout = &l;
+  if (!c.layout) fatal("bad value for FAKECUDA_TMD_LAYOUT (v1|v3|v4|v5|unknown)", want);
+  if (const char* v = std::getenv("FAKECUDA_INITIAL_MASK")) c.initial_mask = parse_hex128("FAKECUDA_INITIAL_MASK", v);
+  if (const char* v = std::getenv("FAKECUDA_RECORD")) c.record_path = v;
+  return c;
+}
+
+const Config& config() {
+  static const Config c = load_config();
+  return c;
+}
+
+std::atomic<bool> g_initialized{false};
+
+CUresult check_device(CUdevice dev) {
+  if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
+  if (dev < 0 || dev >= config().devices) return CUDA_ERROR_INVALID_DEVICE;
+  return CUDA_SUCCESS;
+}
+
+// --- contexts -----------------------------------------------------------------
+// One primary context per device. A thread with no current context launches
+// on device 0's, as if cudart had made it current.
+struct FakeContext {
+  int device;
+};
+FakeContext g_contexts[kMaxDevices] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};
+// The calling thread's context stack (cuCtxPush/PopCurrent); the top is current.
+thread_local std::vector<FakeContext*> t_stack;
+FakeContext* current() { return t_stack.empty() ? nullptr : t_stack.back(); }
+
+FakeContext* from_handle(CUcontext c) {
+  auto* p = reinterpret_cast<FakeContext*>(c);
+  for (auto& ctx : g_contexts)
+    if (&ctx == p) return p;
+  return nullptr;
+}
+CUcontext to_handle(FakeContext* c) { return reinterpret_cast<CUcontext>(c); }
+
+// --- the callback table -------------------------------------------------------
+// Subscribers live in fixed slots so a launch reads them without a lock or an
+// allocation: the launch path stays cheap and steady for CPU benchmarks of
+// the shim's overhead. Subscribing and enabling are rare and serialised.
+constexpr std::uint32_t kMaxSubscribers = 64;
+constexpr std::size_t kMaxEnabled = 16;
+
+struct Subscriber {
+  std::atomic<hook::Callback> callback{nullptr};
+  std::atomic<void*> userdata{nullptr};
+  std::atomic<bool> tmd_upload{false};  // (kDomainLaunch, kCbidTmdUpload) enabled
+  std::pair<int, int> enabled[kMaxEnabled];  // every enabled (domain, cbid); under the mutex
+  std::size_t n_enabled = 0;
+};
+
+std::mutex g_subscribers_mutex;
+Subscriber g_subscribers[kMaxSubscribers];  // handle h is g_subscribers[h - 1]
+std::atomic<std::uint32_t> g_subscriber_count{0};
+
+int table_subscribe(std::uint32_t* handle, hook::Callback cb, void* userdata) {
+  if (!handle || !cb) return CUDA_ERROR_INVALID_VALUE;
+  std::lock_guard lock(g_subscribers_mutex);
+  const std::uint32_t n = g_subscriber_count.load(std::memory_order_relaxed);
+  if (n == kMaxSubscribers) return CUDA_ERROR_OUT_OF_MEMORY;
+  g_subscribers[n].userdata.store(userdata, std::memory_order_relaxed);
+  g_subscribers[n].callback.store(cb, std::memory_order_relaxed);
+  g_subscriber_count.store(n + 1, std::memory_order_release);
+  *handle = n + 1;
+  return CUDA_SUCCESS;
+}
+
+int table_enable(std::uint32_t on, std::uint32_t handle, int domain, int cbid) {
+  std::lock_guard lock(g_subscribers_mutex);
+  if (handle == 0 || handle > g_subscriber_count.load(std::memory_order_relaxed)) return CUDA_ERROR_INVALID_HANDLE;
+  Subscriber& s = g_subscribers[handle - 1];
+  const std::pair<int, int> key{domain, cbid};
+  std::size_t i = 0;
+  while (i < s.n_enabled && s.enabled[i] != key) ++i;
+  if (on && i == s.n_enabled) {
+    if (s.n_enabled == kMaxEnabled) return CUDA_ERROR_OUT_OF_MEMORY;
+    s.enabled[s.n_enabled++] = key;
+  } else if (!on && i < s.n_enabled) {
+    s.enabled[i] = s.enabled[--s.n_enabled];
+  }
+  if (domain == hook::kDomainLaunch && cbid == hook::kCbidTmdUpload)
+    s.tmd_upload.store(on != 0, std::memory_order_release);
+  return CUDA_SUCCESS;
+}
+
+// Entries whose signature nvtaskset does not know: calling one is a bug.
+int table_unsupported() { return CUDA_ERROR_NOT_SUPPORTED; }
+
+template <class F>
+const void* entry(F f) {
+  return reinterpret_cast<const void*>(f);
+}
+
+// Entry 0 holds the table's size in bytes, as in the driver's export tables.
+const void* const g_callback_table[8] = {
+    reinterpret_cast<const void*>(sizeof(const void*) * 8),
+    entry(&table_unsupported),
+    entry(&table_unsupported),
+    entry(&table_subscribe),  // hook::kTableSubscribe
+    entry(&table_unsupported),
+    entry(&table_unsupported),
+    entry(&table_enable),  // hook::kTableEnable
+    entry(&table_unsupported),
+};
+static_assert(hook::kTableSubscribe == 3 && hook::kTableEnable == 6);
+
+// --- recording ----------------------------------------------------------------
+int record_fd() {
+  // Opened once per process image; O_CLOEXEC so an exec'd program opens its own
+  // (a forked child shares this one, which O_APPEND makes safe).
+  static const int fd = [] {
+    const auto& path = config().record_path;
+    if (path.empty()) return -1;
+    const int f = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (f < 0) fatal("cannot open FAKECUDA_RECORD", path.c_str());
+    return f;
+  }();
+  return fd;
+}
+
+void record(const char* layout_name, bool corrupted, bool valid, const Bits128& mask) {
+  const int fd = record_fd();
+  if (fd < 0) return;
+  char hex[40];
+  if (mask.hi)
+    std::snprintf(hex, sizeof hex, "%llx%016llx", static_cast<unsigned long long>(mask.hi),
+                  static_cast<unsigned long long>(mask.lo));
+  else
+    std::snprintf(hex, sizeof hex, "%llx", static_cast<unsigned long long>(mask.lo));
+  char line[128];
+  const int n = std::snprintf(line, sizeof line, "%d %s%s %d 0x%s\n", static_cast<int>(::getpid()), layout_name,
+                              corrupted ? "!" : "", valid ? 1 : 0, hex);
+  // One write() per line on an O_APPEND file: lines from concurrent threads
+  // and processes never interleave.
+  if (::write(fd, line, static_cast<std::size_t>(n)) != n) fatal("short write to FAKECUDA_RECORD", nullptr);
+}
+
+// Bytes a callback may legitimately change in a TMD of this layout: the mask
+// words, and the valid bit (bit 31 of a 32-bit word).
+struct Editable {
+  std::size_t mask_off = 0, mask_len = 0;
+  std::size_t valid_word = SIZE_MAX;
+};
+Editable editable(tmd::Layout l) {
+  switch (l) {
+    case tmd::Layout::kV01toV03: return {84, 8, SIZE_MAX};
+    case tmd::Layout::kV04: return {304, 16, 0};
+    case tmd::Layout::kV05: return {280, 16, 16};
+    case tmd::Layout::kUnknown: break;
+  }
+  return {};
+}
+
+bool changed_outside_mask(const unsigned char* before, const unsigned char* after, tmd::Layout l) {
+  const Editable e = editable(l);
+  for (std::size_t i = 0; i < kTmdBytes; ++i) {
+    if (i >= e.mask_off && i < e.mask_off + e.mask_len) continue;
+    unsigned char allowed = 0;
+    if (e.valid_word != SIZE_MAX && i == e.valid_word + 3) allowed = 0x80;  // little-endian bit 31
+    if ((before[i] ^ after[i]) & ~allowed) return true;
+  }
+  return false;
+}
+
+CUresult launch() {
+  if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
+  const Config& c = config();
+  const LayoutSpec& spec = *c.layout;
+
+  alignas(16) unsigned char image[kTmdBytes] = {};
+  image[72] = spec.byte72;
+  image[58] = spec.byte58;
+  // CUDA writes its own per-stream mask before the callback runs (FACTS.md).
+  // An unknown layout has no mask field; the stand-in puts the initial mask
+  // where V03 keeps it, so a shim that wrongly treats it as V03 shows up.
+  if (c.initial_mask.any()) {
+    if (spec.layout == tmd::Layout::kUnknown) {
+      tmd::store32(image + 84, static_cast<std::uint32_t>(c.initial_mask.lo));
+      tmd::store32(image + 88, static_cast<std::uint32_t>(c.initial_mask.lo >> 32));
+    } else {
+      tmd::write_disable_mask(image, spec.layout, c.initial_mask);
+    }
+  }
+  unsigned char before[kTmdBytes];
+  std::memcpy(before, image, kTmdBytes);
+
+  alignas(8) unsigned char params[kParamsSize] = {};
+  tmd::store32(params, kParamsSize);
+  void* tmd_ptr = image;
+  std::memcpy(params + 4 * sizeof(void*), &tmd_ptr, sizeof tmd_ptr);
+
+  // Synchronously, in the launching thread, in subscription order. No lock
+  // is held: a callback may itself call into the driver.
+  const std::uint32_t n = g_subscriber_count.load(std::memory_order_acquire);
+  for (std::uint32_t i = 0; i < n; ++i) {
+    const Subscriber& sub = g_subscribers[i];
+    if (sub.tmd_upload.load(std::memory_order_acquire))
+      sub.callback.load(std::memory_order_relaxed)(sub.userdata.load(std::memory_order_relaxed), hook::kDomainLaunch,
+                                                   hook::kCbidTmdUpload, params);
+  }
+
+  Bits128 mask;
+  bool valid = false;
+  if (spec.layout == tmd::Layout::kUnknown) {
+    mask.lo = tmd::load32(image + 84) | (std::uint64_t{tmd::load32(image + 88)} << 32);
+  } else {
+    mask = tmd::read_disable_mask(image, spec.layout);
+    valid = tmd::mask_valid(image, spec.layout);
+  }
+  record(spec.name, changed_outside_mask(before, image, spec.layout), valid, mask);
+  return CUDA_SUCCESS;
+}
+
+struct ErrorText {
+  CUresult code;
+  const char* name;
+  const char* text;
+};
+constexpr ErrorText kErrors[] = {
+    {CUDA_SUCCESS, "CUDA_SUCCESS", "no error"},
+    {CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument"},
+    {CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory"},
+    {CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error"},
+    {CUDA_ERROR_DEINITIALIZED, "CUDA_ERROR_DEINITIALIZED", "driver shutting down"},
+    {CUDA_ERROR_STUB_LIBRARY, "CUDA_ERROR_STUB_LIBRARY", "CUDA driver is a stub library"},
+    {CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected"},
+    {CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal"},
+    {CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context"},
+    {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
+    {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
+    {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
+};
+
+struct ProcEntry {
+  const char* name;
+  const void* fn;
+};
+const ProcEntry* proc_table(std::size_t* n);
+
+// cuGetProcAddress takes base names and picks the version the caller's CUDA
+// version expects (the versions below are those of cuda.h's #defines).
+const void* lookup_proc(const char* symbol, int cuda_version) {
+  std::string name = symbol;
+  if (name == "cuGetProcAddress" && cuda_version >= 12000) name = "cuGetProcAddress_v2";
+  else if (name == "cuDeviceGetUuid" && cuda_version >= 11040) name = "cuDeviceGetUuid_v2";
+  else if (name == "cuDeviceTotalMem" || name == "cuDevicePrimaryCtxRelease" || name == "cuCtxPushCurrent" ||
+           name == "cuCtxPopCurrent" || name == "cuMemAlloc" || name == "cuMemFree" || name == "cuMemAllocHost" ||
+           name == "cuMemcpyHtoDAsync" || name == "cuMemcpyDtoHAsync" || name == "cuStreamDestroy")
+    name += "_v2";
+  std::size_t n = 0;
+  const ProcEntry* t = proc_table(&n);
+  for (std::size_t i = 0; i < n; ++i)
+    if (name == t[i].name) return t[i].fn;
+  return nullptr;
+}
+
+}  // namespace
+
+// --- the exported driver API ------------------------------------------------------
+extern "C" {
+
+CUresult CUDAAPI cuInit(unsigned int flags) {
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  (void)config();  // a bad configuration fails here, loudly
+  g_initialized.store(true, std::memory_order_release);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDriverGetVersion(int* version) {
+  if (!version) return CUDA_ERROR_INVALID_VALUE;
+  *version = 13000;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetCount(int* count) {
+  if (!count) return CUDA_ERROR_INVALID_VALUE;
+  if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
+  *count = config().devices;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGet(CUdevice* device, int ordinal) {
+  if (!device) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = check_device(ordinal)) return r;
+  *device = ordinal;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetName(char* name, int len, CUdevice dev) {
+  if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = check_device(dev)) return r;
+  std::snprintf(name, static_cast<std::size_t>(len), "%s", "Stand-in GPU");
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
+  if (!pi) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = check_device(dev)) return r;
+  const Config& c = config();
+  switch (attrib) {
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = static_cast<int>(c.sm_count); break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = c.cc_major; break;
+    case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = c.cc_minor; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = 0x10 + dev; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *pi = 0; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *pi = 0; break;
+    case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *pi = 32; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: *pi = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X:
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: *pi = 1024; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: *pi = 64; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: *pi = 0x7fffffff; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y:
+    case CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: *pi = 65535; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *pi = c.cc_major >= 9 ? 2048 : 1536; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: *pi = c.cc_major >= 9 ? 32 : 16; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *pi = 49152; break;
+    case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *pi = 1500000; break;
+    case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *pi = 1; break;
+    case CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: *pi = c.cc_major >= 9 ? 1 : 0; break;
+    default:
+      if (attrib <= 0 || attrib >= CU_DEVICE_ATTRIBUTE_MAX) return CUDA_ERROR_INVALID_VALUE;
+      *pi = 0;
+  }
+  return CUDA_SUCCESS;
+}
+
+// Deterministic per device: GPU-fa4ecda0-0000-4000-8000-0000000000<dd>.
+CUresult CUDAAPI cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
+  if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = check_device(dev)) return r;
+  const unsigned char bytes[16] = {0xfa, 0x4e, 0xcd, 0xa0, 0x00, 0x00, 0x40, 0x00,
+                                   0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, static_cast<unsigned char>(dev)};
+  std::memcpy(uuid->bytes, bytes, 16);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) { return cuDeviceGetUuid_v2(uuid, dev); }
+
+CUresult CUDAAPI cuDeviceGetPCIBusId(char* bus_id, int len, CUdevice dev) {
+  if (!bus_id || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = check_device(dev)) return r;
+  std::snprintf(bus_id, static_cast<std::size_t>(len), "0000:%02x:00.0", 0x10 + dev);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceTotalMem_v2(size_t* bytes, CUdevice dev) {
+  if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = check_device(dev)) return r;
+  *bytes = std::size_t{16} << 30;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext* pctx, CUdevice dev) {
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = check_device(dev)) return r;
+  *pctx = to_handle(&g_contexts[dev]);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRelease_v2(CUdevice dev) { return check_device(dev); }
+
+CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
+  if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
+  if (ctx && !from_handle(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+  if (t_stack.empty()) t_stack.push_back(from_handle(ctx));
+  else t_stack.back() = from_handle(ctx);
+  if (!t_stack.back()) t_stack.pop_back();
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxGetCurrent(CUcontext* pctx) {
+  if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+  if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
+  *pctx = to_handle(current());
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxPushCurrent_v2(CUcontext ctx) {
+  if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
+  if (!from_handle(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+  t_stack.push_back(from_handle(ctx));
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxPopCurrent_v2(CUcontext* pctx) {
+  if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
+  if (t_stack.empty()) return CUDA_ERROR_INVALID_CONTEXT;
+  if (pctx) *pctx = to_handle(t_stack.back());
+  t_stack.pop_back();
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxGetDevice(CUdevice* device) {
+  if (!device) return CUDA_ERROR_INVALID_VALUE;
+  if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
+  *device = current() ? current()->device : 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxSynchronize(void) {
+  return g_initialized.load(std::memory_order_acquire) ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+CUresult CUDAAPI cuStreamSynchronize(CUstream) { return cuCtxSynchronize(); }
+
+CUresult CUDAAPI cuGetErrorString(CUresult error, const char** str) {
+  if (!str) return CUDA_ERROR_INVALID_VALUE;
+  for (const auto& e : kErrors)
+    if (e.code == error) {
+      *str = e.text;
+      return CUDA_SUCCESS;
+    }
+  *str = nullptr;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuGetErrorName(CUresult error, const char** str) {
+  if (!str) return CUDA_ERROR_INVALID_VALUE;
+  for (const auto& e : kErrors)
+    if (e.code == error) {
+      *str = e.name;
+      return CUDA_SUCCESS;
+    }
+  *str = nullptr;
+  return CUDA_ERROR_INVALID_VALUE;
+}
+
+// Works before cuInit, as the real one does (FACTS.md).
+CUresult CUDAAPI cuGetExportTable(const void** table, const CUuuid* id) {
+  if (!table || !id) return CUDA_ERROR_INVALID_VALUE;
+  if (std::memcmp(id->bytes, hook::kCallbackTableUuid, 16) != 0) {
+    *table = nullptr;
+    return CUDA_ERROR_INVALID_VALUE;
+  }
+  *table = g_callback_table;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuLaunchKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
+                                unsigned int, unsigned int, CUstream, void**, void**) {
+  return launch();
+}
+
+CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction, void**, void**) {
+  if (!cfg) return CUDA_ERROR_INVALID_VALUE;
+  return launch();
+}
+
+// The stand-in cannot run kernels: anything that needs device code or device
+// memory fails cleanly, so GPU calibration reports an error instead of hanging.
+CUresult CUDAAPI cuModuleLoadData(CUmodule*, const void*) { return CUDA_ERROR_NOT_SUPPORTED; }
+CUresult CUDAAPI cuModuleLoadDataEx(CUmodule*, const void*, unsigned int, CUjit_option*, void**) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult CUDAAPI cuModuleLoad(CUmodule*, const char*) { return CUDA_ERROR_NOT_SUPPORTED; }
+CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule*, const void*) { return CUDA_ERROR_NOT_SUPPORTED; }
+CUresult CUDAAPI cuLibraryLoadData(CUlibrary*, const void*, CUjit_option*, void**, unsigned int,
+                                   CUlibraryOption*, void**, unsigned int) {
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+CUresult CUDAAPI cuModuleUnload(CUmodule) { return CUDA_ERROR_INVALID_HANDLE; }
+CUresult CUDAAPI cuModuleGetFunction(CUfunction*, CUmodule, const char*) { return CUDA_ERROR_INVALID_HANDLE; }
+CUresult CUDAAPI cuFuncSetAttribute(CUfunction, CUfunction_attribute, int) { return CUDA_ERROR_INVALID_HANDLE; }
+CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessor(int*, CUfunction, int, size_t) {
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+CUresult CUDAAPI cuOccupancyMaxActiveClusters(int*, CUfunction, const CUlaunchConfig*) {
+  return CUDA_ERROR_INVALID_HANDLE;
+}
+CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr*, size_t) { return CUDA_ERROR_NOT_SUPPORTED; }
+CUresult CUDAAPI cuMemFree_v2(CUdeviceptr) { return CUDA_ERROR_INVALID_VALUE; }
+CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr, const void*, size_t, CUstream) { return CUDA_ERROR_INVALID_VALUE; }
+CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void*, CUdeviceptr, size_t, CUstream) { return CUDA_ERROR_INVALID_VALUE; }
+
+// Host memory is plain memory here.
+CUresult CUDAAPI cuMemAllocHost_v2(void** p, size_t bytes) {
+  if (!p) return CUDA_ERROR_INVALID_VALUE;
+  if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
+  *p = std::malloc(bytes ? bytes : 1);
+  return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+CUresult CUDAAPI cuMemFreeHost(void* p) {
+  std::free(p);
+  return CUDA_SUCCESS;
+}
+
+// Streams exist (nothing ever runs on them, so they are always idle).
+CUresult CUDAAPI cuStreamCreate(CUstream* s, unsigned int) {
+  if (!s) return CUDA_ERROR_INVALID_VALUE;
+  if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
+  *s = reinterpret_cast<CUstream>(new int(0));
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuStreamDestroy_v2(CUstream s) {
+  delete reinterpret_cast<int*>(s);
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuStreamQuery(CUstream) { return cuCtxSynchronize(); }
+
+CUresult CUDAAPI cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t,
+                                     CUdriverProcAddressQueryResult* status) {
+  if (!symbol || !pfn) return CUDA_ERROR_INVALID_VALUE;
+  const void* f = lookup_proc(symbol, cudaVersion);
+  *pfn = const_cast<void*>(f);
+  if (status) *status = f ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+  return f ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags) {
+  return cuGetProcAddress_v2(symbol, pfn, cudaVersion, flags, nullptr);
+}
+
+}  // extern "C"
+
+namespace {
+
+#define FAKECUDA_PROC(fn) {#fn, reinterpret_cast<const void*>(&fn)}
+const ProcEntry kProcs[] = {
+    FAKECUDA_PROC(cuInit),
+    FAKECUDA_PROC(cuDriverGetVersion),
+    FAKECUDA_PROC(cuDeviceGetCount),
+    FAKECUDA_PROC(cuDeviceGet),
+    FAKECUDA_PROC(cuDeviceGetName),
+    FAKECUDA_PROC(cuDeviceGetAttribute),
+    FAKECUDA_PROC(cuDeviceGetUuid),
+    FAKECUDA_PROC(cuDeviceGetUuid_v2),
+    FAKECUDA_PROC(cuDeviceGetPCIBusId),
+    FAKECUDA_PROC(cuDeviceTotalMem_v2),
+    FAKECUDA_PROC(cuDevicePrimaryCtxRetain),
+    FAKECUDA_PROC(cuDevicePrimaryCtxRelease_v2),
+    FAKECUDA_PROC(cuCtxSetCurrent),
+    FAKECUDA_PROC(cuCtxGetCurrent),
+    FAKECUDA_PROC(cuCtxPushCurrent_v2),
+    FAKECUDA_PROC(cuCtxPopCurrent_v2),
+    FAKECUDA_PROC(cuCtxGetDevice),
+    FAKECUDA_PROC(cuCtxSynchronize),
+    FAKECUDA_PROC(cuStreamSynchronize),
+    FAKECUDA_PROC(cuGetErrorString),
+    FAKECUDA_PROC(cuGetErrorName),
+    FAKECUDA_PROC(cuGetExportTable),
+    FAKECUDA_PROC(cuLaunchKernel),
+    FAKECUDA_PROC(cuLaunchKernelEx),
+    FAKECUDA_PROC(cuModuleLoadData),
+    FAKECUDA_PROC(cuModuleLoadDataEx),
+    FAKECUDA_PROC(cuModuleLoad),
+    FAKECUDA_PROC(cuModuleLoadFatBinary),
+    FAKECUDA_PROC(cuLibraryLoadData),
+    FAKECUDA_PROC(cuModuleUnload),
+    FAKECUDA_PROC(cuModuleGetFunction),
+    FAKECUDA_PROC(cuFuncSetAttribute),
+    FAKECUDA_PROC(cuOccupancyMaxActiveBlocksPerMultiprocessor),
+    FAKECUDA_PROC(cuOccupancyMaxActiveClusters),
+    FAKECUDA_PROC(cuMemAlloc_v2),
+    FAKECUDA_PROC(cuMemFree_v2),
+    FAKECUDA_PROC(cuMemcpyHtoDAsync_v2),
+    FAKECUDA_PROC(cuMemcpyDtoHAsync_v2),
+    FAKECUDA_PROC(cuMemAllocHost_v2),
+    FAKECUDA_PROC(cuMemFreeHost),
+    FAKECUDA_PROC(cuStreamCreate),
+    FAKECUDA_PROC(cuStreamDestroy_v2),
+    FAKECUDA_PROC(cuStreamQuery),
+    FAKECUDA_PROC(cuGetProcAddress),
+    FAKECUDA_PROC(cuGetProcAddress_v2),
+};
+#undef FAKECUDA_PROC
+
+const ProcEntry* proc_table(std::size_t* n) {
+  *n = std::size(kProcs);
+  return kProcs;
+}
+
+// The layouts above must be what tmd::detect recognises, or every test built
+// on them would test nothing.
+[[maybe_unused]] const bool g_layouts_checked = [] {
+  for (const auto& l : kLayouts) {
+    unsigned char image[kTmdBytes] = {};
+    image[72] = l.byte72;
+    image[58] = l.byte58;
+    if (tmd::detect(image) != l.layout) fatal("layout table disagrees with tmd::detect for", l.name);
+  }
+  return true;
+}();
+
+}  // namespace
