@@ -1,0 +1,106 @@
+// An ordinary CUDA runtime program (it knows nothing of nvtaskset) that
+// reports which SMs and logical TPCs its kernels ran on. Used on a real GPU to
+// check that nvtaskset's partition is what the hardware obeys
+// (docs/verification.md). Outside MPS, %smid is the real SM ID; under MPS it
+// is renumbered (FACTS.md), so checks of exact TPCs run with --no-mps.
+//
+//   smid_probe [--iters N] [--interval-ms M] [--blocks B] [--until-file F] [--ready-file F]
+// prints one line per kernel: "iter <i> sms <count> tpcs <list>".
+#include <cuda_runtime.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+__global__ void record_smid(unsigned* out, long long spin_cycles) {
+  if (threadIdx.x == 0) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    // Stay resident for a while so the block scheduler spreads blocks over
+    // every SM it may use instead of reusing the first ones.
+    const long long start = clock64();
+    while (clock64() - start < spin_cycles) {
+    }
+    out[blockIdx.x] = smid;
+  }
+}
+
+static std::string ranges(const std::set<unsigned>& s) {
+  std::string out;
+  for (auto it = s.begin(); it != s.end();) {
+    unsigned a = *it, b = a;
+    auto jt = std::next(it);
+    while (jt != s.end() && *jt == b + 1) b = *jt++;
+    if (!out.empty()) out += ",";
+    out += std::to_string(a);
+    if (b > a) out += "-" + std::to_string(b);
+    it = jt;
+  }
+  return out;
+}
+
+#define CHECK(x)                                                                   \
+  do {                                                                             \
+    cudaError_t e = (x);                                                           \
+    if (e != cudaSuccess) {                                                        \
+      std::fprintf(stderr, "smid_probe: %s: %s\n", #x, cudaGetErrorString(e));     \
+      return 2;                                                                    \
+    }                                                                              \
+  } while (0)
+
+int main(int argc, char** argv) {
+  int iters = 1, interval_ms = 0, blocks = 0;
+  const char* until_file = nullptr;
+  const char* ready_file = nullptr;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&] { return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "missing value\n"), std::exit(2), ""); };
+    if (a == "--iters") iters = std::atoi(next());
+    else if (a == "--interval-ms") interval_ms = std::atoi(next());
+    else if (a == "--blocks") blocks = std::atoi(next());
+    else if (a == "--until-file") until_file = next();
+    else if (a == "--ready-file") ready_file = next();
+    else { std::fprintf(stderr, "smid_probe: unknown argument %s\n", a.c_str()); return 2; }
+  }
+  cudaDeviceProp prop{};
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  if (blocks == 0) blocks = prop.multiProcessorCount * 8;
+  unsigned* d_out = nullptr;
+  CHECK(cudaMalloc(&d_out, sizeof(unsigned) * blocks));
+  std::vector<unsigned> h(blocks);
+  std::printf("pid %d device %s sms %d\n", getpid(), prop.name, prop.multiProcessorCount);
+  std::fflush(stdout);
+  int clock_khz = 0;  // cudaDeviceProp::clockRate is gone in CUDA 13
+  CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  const long long spin = static_cast<long long>(clock_khz) * 20 / 1000;  // ~20 us
+  for (int it = 0; until_file ? true : it < iters; ++it) {
+    if (until_file) {
+      struct stat st;
+      if (stat(until_file, &st) == 0) break;
+    }
+    CHECK(cudaMemset(d_out, 0xff, sizeof(unsigned) * blocks));
+    record_smid<<<blocks, 32>>>(d_out, spin);
+    CHECK(cudaGetLastError());
+    CHECK(cudaDeviceSynchronize());
+    CHECK(cudaMemcpy(h.data(), d_out, sizeof(unsigned) * blocks, cudaMemcpyDeviceToHost));
+    std::set<unsigned> sms, tpcs;
+    for (unsigned s : h) {
+      sms.insert(s);
+      tpcs.insert(s / 2);
+    }
+    std::printf("iter %d sms %zu tpcs %s\n", it, sms.size(), ranges(tpcs).c_str());
+    std::fflush(stdout);
+    if (ready_file && it == 0) {
+      if (FILE* f = std::fopen(ready_file, "w")) { std::fprintf(f, "%d\n", getpid()); std::fclose(f); }
+    }
+    if (interval_ms) std::this_thread::sleep_for(std::chrono::milliseconds(interval_ms));
+  }
+  return 0;
+}
