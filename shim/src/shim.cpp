@@ -166,52 +166,6 @@ std::string describe(const std::vector<DevicePartition>& parts) {
   return s;
 }
 
-// The partitions an entry-by-entry reader sees now (works on a region's
-// header and on g_local_header alike).
-std::vector<DevicePartition> snapshot(const ctl::Header& h) {
-  std::vector<DevicePartition> parts;
-  for (const ctl::DeviceEntry& e : h.devices) {
-    if (e.in_use.load(std::memory_order_acquire) == 0) continue;
-    DevicePartition dp;
-    std::memcpy(dp.device.data(), e.uuid, dp.device.size());
-    dp.partition = ctl::read_partition(e);
-    parts.push_back(dp);
-  }
-  return parts;
-}
-
-// Seeds the process-local header. Only this process reads it and nothing
-// writes it afterwards, so buffer 0 with an even sequence number is final.
-void seed_local(ctl::Header& h, const std::vector<DevicePartition>& parts) {
-  for (ctl::DeviceEntry& e : h.devices) e.in_use.store(0, std::memory_order_relaxed);
-  h.version = ctl::kVersion;
-  h.size = sizeof(ctl::Header);
-  h.pid = static_cast<std::int32_t>(::getpid());
-  h.uid = static_cast<std::uint32_t>(::getuid());
-  unsigned n = 0;
-  for (const DevicePartition& dp : parts) {
-    if (n == ctl::kMaxDevices) {
-      log(spdlog::level::warn, "more than {} device partitions: the rest are ignored", ctl::kMaxDevices);
-      break;
-    }
-    ctl::DeviceEntry& e = h.devices[n++];
-    std::memcpy(e.uuid, dp.device.data(), sizeof e.uuid);
-    e.generation.store(0, std::memory_order_relaxed);
-    ctl::MaskBuffer& b = e.buffer[0];
-    const Partition& p = dp.partition;
-    b.seq.store(0, std::memory_order_relaxed);
-    b.kind.store(static_cast<std::uint64_t>(p.kind), std::memory_order_relaxed);
-    b.enabled[0].store(p.enabled.bits.lo, std::memory_order_relaxed);
-    b.enabled[1].store(p.enabled.bits.hi, std::memory_order_relaxed);
-    b.tpcs[0].store(p.tpcs.bits.lo, std::memory_order_relaxed);
-    b.tpcs[1].store(p.tpcs.bits.hi, std::memory_order_relaxed);
-    b.gpcs[0].store(p.gpcs.bits.lo, std::memory_order_relaxed);
-    b.gpcs[1].store(p.gpcs.bits.hi, std::memory_order_relaxed);
-    e.in_use.store(1, std::memory_order_release);
-  }
-  h.magic.store(ctl::kMagic, std::memory_order_release);
-}
-
 // Where a task's partition comes from: a parent that runs under nvtaskset
 // (same user, live region) hands down its CURRENT partitions, so children it
 // execs follow `nvtaskset -p` changes made after it started; otherwise the
@@ -238,6 +192,8 @@ std::vector<DevicePartition> initial_partitions() {
   if (env == nullptr || *env == '\0') return {};
   try {
     auto parts = decode_partitions(env);
+    if (parts.size() > ctl::kMaxDevices)
+      throw std::invalid_argument("more than " + std::to_string(ctl::kMaxDevices) + " device partitions");
     log(spdlog::level::debug, "partition from {}: {}", kPartitionEnv, describe(parts));
     return parts;
   } catch (const std::exception& e) {
@@ -389,18 +345,30 @@ struct Msg {
   if (!warn) std::abort();
 }
 
+// Counter increments in the callback are a relaxed load and store, not
+// fetch_add: a locked instruction is a full fence on x86, which also drains
+// the write-combining buffers holding the driver's half-written pushbuffer.
+// Measured on an H200 (tests/gpu/callback_cost.cu, docs/verification.md):
+// two fetch_adds per launch cost 3-6% of the enqueue time, the whole TMD edit
+// nothing measurable. The counters are diagnostics; when several threads
+// launch at once an increment can be lost.
+inline void bump(std::atomic<std::uint64_t>& c) noexcept {
+  c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+
 void on_launch(void* /*userdata*/, int domain, int cbid, const void* params) noexcept {
   void* t = hook::tmd_of(domain, cbid, params);
   if (t == nullptr) return;
   ctl::Header* h = g_header.load(std::memory_order_acquire);
   if (h == nullptr) return;
-  h->kernels_launched.fetch_add(1, std::memory_order_relaxed);
+  bump(h->kernels_launched);
   const ctl::DeviceEntry* e = select_entry(*h);
   if (e == nullptr) return;
   Bits128 enabled;
   if (!ctl::read_enabled(*e, enabled.lo, enabled.hi)) return;
-  const tmd::Layout layout = tmd::detect(t);
-  const std::uint32_t version = tmd::version_byte(t);
+  const tmd::VersionBytes v = tmd::read_version(t);
+  const tmd::Layout layout = tmd::detect(v);
+  const std::uint32_t version = tmd::version_byte(v);
   h->last_tmd_version.store(version, std::memory_order_relaxed);
   if (layout == tmd::Layout::kUnknown) {
     unsupported_layout(*h, version);
@@ -408,7 +376,7 @@ void on_launch(void* /*userdata*/, int domain, int cbid, const void* params) noe
   }
   // The TMD takes the complement: a set bit disables a TPC (FACTS.md).
   tmd::write_disable_mask(t, layout, ~enabled);
-  h->kernels_masked.fetch_add(1, std::memory_order_relaxed);
+  bump(h->kernels_masked);
 }
 
 // ---- process lifetime ---------------------------------------------------------------
@@ -430,7 +398,7 @@ void atfork_child() {
   g_log_mu = PTHREAD_MUTEX_INITIALIZER;
   ctl::Header* old = g_header.load(std::memory_order_acquire);
   if (old == nullptr) return;  // the init stopped before creating a region
-  const std::vector<DevicePartition> parts = snapshot(*old);
+  const std::vector<DevicePartition> parts = ctl::read_all(*old);
   const std::uint32_t registered = old->callback_registered.load(std::memory_order_relaxed);
   try {
     auto region = ctl::Region::create_for_self(parts);
@@ -441,7 +409,7 @@ void atfork_child() {
   } catch (const std::exception& e) {
     g_region.store(nullptr, std::memory_order_release);
     if (old != &g_local_header) {
-      seed_local(g_local_header, parts);
+      ctl::init_header(g_local_header, parts);
       g_local_header.callback_registered.store(registered, std::memory_order_relaxed);
       g_header.store(&g_local_header, std::memory_order_release);
     }
@@ -507,7 +475,7 @@ void run_init() {
     g_region.store(region.release(), std::memory_order_release);
     log(spdlog::level::debug, "control region {}", ctl::region_name(::getpid()));
   } catch (const std::exception& e) {
-    seed_local(g_local_header, initial);
+    ctl::init_header(g_local_header, initial);
     header = &g_local_header;
     if (any_active(initial))
       log(spdlog::level::warn, "{}; the partition applies, but `nvtaskset -p` cannot reach this process",
@@ -521,7 +489,7 @@ void run_init() {
   // What applies now: `initial`, unless the region already existed (an
   // earlier image of this process before execve(), or another copy of the
   // shim), whose live partitions then stay in force.
-  const std::vector<DevicePartition> current = snapshot(*header);
+  const std::vector<DevicePartition> current = ctl::read_all(*header);
   const bool active = any_active(current);
   log(spdlog::level::info, "partition: {}", describe(current));
 

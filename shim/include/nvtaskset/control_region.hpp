@@ -46,6 +46,10 @@ struct DeviceEntry {
   std::atomic<std::uint32_t> in_use;  // 0 = free slot
   std::uint32_t reserved;
   std::uint8_t uuid[16];                  // all zero = any device
+  std::uint32_t sm_count;                 // DeviceDesc, written with the entry
+  std::uint32_t cc_major;
+  std::uint32_t cc_minor;
+  std::int32_t driver_version;
   std::atomic<std::uint64_t> generation;  // buffer[generation & 1] is current
   MaskBuffer buffer[2];
 };
@@ -58,7 +62,9 @@ struct Header {
   std::uint64_t start_time;  // /proc/<pid>/stat field 22, detects PID reuse
   std::uint32_t uid;
   std::uint32_t reserved;
-  // Written by the shim, read by the CLI. Relaxed counters.
+  // Written by the shim, read by the CLI. Relaxed counters, incremented
+  // without a locked instruction (see the shim): approximate when several
+  // threads launch at once.
   std::atomic<std::uint64_t> kernels_launched;
   std::atomic<std::uint64_t> kernels_masked;
   std::atomic<std::uint64_t> kernels_unsupported;  // unknown TMD layout while partitioned
@@ -132,9 +138,13 @@ class Region {
 // Reads one entry's current partition (consistent snapshot).
 Partition read_partition(const DeviceEntry& e) noexcept;
 
-// Initialises a zeroed Header for the calling process with `initial`
-// partitions. Used for shared regions and, when no region can be created, for
-// a process-local header so the partition still applies.
+// Initialises a Header for the calling process with `initial` partitions
+// (any entries it held before are dropped). Used for shared regions and, when
+// no region can be created, for a process-local header so the partition
+// still applies.
 void init_header(Header& h, const std::vector<DevicePartition>& initial);
+
+// All entries in use of a header (consistent snapshot of each).
+std::vector<DevicePartition> read_all(const Header& h);
 
 }  // namespace nvtaskset::ctl

@@ -40,10 +40,24 @@ std::string uuid_to_string(const DeviceUuid& u);
 // Accepts the form above, with or without "GPU-", with or without dashes.
 std::optional<DeviceUuid> uuid_from_string(std::string_view s);
 
+// What the CLI knew of the device when it set a partition. Carried in the
+// control region so that `nvtaskset -p` can translate lists for a running
+// task from the cached topology, without initialising the driver (cuInit
+// takes about 150 ms on an H200; a repartition should take a few ms).
+struct DeviceDesc {
+  std::uint32_t sm_count = 0;  // 0 = unknown
+  std::uint32_t cc_major = 0;
+  std::uint32_t cc_minor = 0;
+  std::int32_t driver_version = 0;  // cuDriverGetVersion of the task's driver
+  bool known() const noexcept { return sm_count != 0; }
+  bool operator==(const DeviceDesc&) const = default;
+};
+
 // One device's partition inside a task.
 struct DevicePartition {
   DeviceUuid device = kAnyDevice;
   Partition partition;
+  DeviceDesc desc;
   bool operator==(const DevicePartition&) const = default;
 };
 
@@ -56,7 +70,7 @@ inline constexpr const char* kPartitionEnv = "NVTASKSET_PARTITION";
 inline constexpr const char* kPartitionPidEnv = "NVTASKSET_PARTITION_PID";
 
 // Text form: entries separated by ';', each
-//   <device>,<kind>,<enabled hex>,<tpcs hex>,<gpcs hex>
+//   <device>,<kind>,<enabled hex>,<tpcs hex>,<gpcs hex>,<sms>,<cc major>,<cc minor>,<driver version>
 // with <device> either '*' or a UUID string. Round-trips exactly.
 std::string encode_partitions(const std::vector<DevicePartition>& parts);
 // Throws std::invalid_argument with a one-line reason on malformed text.

@@ -32,20 +32,32 @@ inline std::uint32_t load32(const unsigned char* p) noexcept {
 }
 inline void store32(unsigned char* p, std::uint32_t v) noexcept { std::memcpy(p, &v, 4); }
 
-// The QMD version byte used for detection (byte 72, or byte 58 on V05).
-inline std::uint32_t version_byte(const void* tmd) noexcept {
-  const auto* b = static_cast<const unsigned char*>(tmd);
-  return b[72] ? b[72] : b[58];
+// The bytes that identify a layout. The launch callback reads them exactly
+// once per TMD: the TMD may sit in memory the CPU reads slowly.
+struct VersionBytes {
+  std::uint8_t v72 = 0;  // QMD major/minor version nibbles on V01..V04
+  std::uint8_t v58 = 0;  // the same on V05 (read only when byte 72 is 0)
+};
+
+inline VersionBytes read_version(const void* tmd) noexcept {
+  const auto* b = static_cast<const volatile unsigned char*>(tmd);
+  VersionBytes v;
+  v.v72 = b[72];
+  if (v.v72 == 0) v.v58 = b[58];
+  return v;
 }
 
-inline Layout detect(const void* tmd) noexcept {
-  const auto* b = static_cast<const unsigned char*>(tmd);
-  const unsigned v72 = b[72];
-  if (v72 >= 0x16 && v72 < 0x40) return Layout::kV01toV03;
-  if (v72 == 0x40) return Layout::kV04;
-  if (v72 == 0 && (b[58] == 0x50 || b[58] == 0x51)) return Layout::kV05;
+// The QMD version byte used for detection (byte 72, or byte 58 on V05).
+constexpr std::uint32_t version_byte(VersionBytes v) noexcept { return v.v72 ? v.v72 : v.v58; }
+inline std::uint32_t version_byte(const void* tmd) noexcept { return version_byte(read_version(tmd)); }
+
+constexpr Layout detect(VersionBytes v) noexcept {
+  if (v.v72 >= 0x16 && v.v72 < 0x40) return Layout::kV01toV03;
+  if (v.v72 == 0x40) return Layout::kV04;
+  if (v.v72 == 0 && (v.v58 == 0x50 || v.v58 == 0x51)) return Layout::kV05;
   return Layout::kUnknown;
 }
+inline Layout detect(const void* tmd) noexcept { return detect(read_version(tmd)); }
 
 // Number of mask bits a layout can express.
 constexpr unsigned mask_bits(Layout l) noexcept {
