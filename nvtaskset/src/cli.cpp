@@ -73,7 +73,15 @@ const char* form_name(SpecKind k) {
   }
 }
 
-std::string device_label(const topo::DeviceInfo& d) { return "device " + std::to_string(d.ordinal); }
+// A device known only from a task's control region has no ordinal here.
+std::string device_label(const topo::DeviceInfo& d) {
+  return d.pci_bus_id.empty() ? uuid_to_string(d.uuid) : "device " + std::to_string(d.ordinal);
+}
+
+DeviceDesc describe_device(const topo::DeviceInfo& d) {
+  return {d.sm_count, static_cast<std::uint32_t>(d.cc_major), static_cast<std::uint32_t>(d.cc_minor),
+          d.driver_version};
+}
 
 LogicalTpcSet checked_tpcs(const std::vector<unsigned>& ids, const topo::DeviceInfo& dev) {
   const unsigned n = dev.tpc_count();
@@ -244,7 +252,7 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
     const topo::DeviceInfo& dev = devices.select(r.device);
     for (const auto& prev : parts)
       if (prev.device == dev.uuid) throw Failure("two partitions given for " + device_label(dev));
-    parts.push_back({dev.uuid, build_partition(r, dev, devices)});
+    parts.push_back({dev.uuid, build_partition(r, dev, devices), describe_device(dev)});
   }
 
   devices.restore_environment();
@@ -280,7 +288,12 @@ int do_pid(const Options& o) {
     std::vector<const DevicePartition*> specific;
     for (const auto& dp : current)
       if (dp.device != kAnyDevice) specific.push_back(&dp);
-    if (specific.size() == 1) return devices.by_uuid(specific[0]->device, pid);
+    if (specific.size() == 1) {
+      // Fast path: what the task's region says about its GPU is enough to
+      // translate with a cached or identity topology, without cuInit.
+      if (const topo::DeviceInfo* d = devices.from_region(*specific[0])) return *d;
+      return devices.by_uuid(specific[0]->device, pid);
+    }
     return devices.select("");
   };
   if (requests.empty()) requests.push_back({"", SpecKind::kNone, ""});
@@ -303,7 +316,7 @@ int do_pid(const Options& o) {
     }
     const Partition next = build_partition(r, dev, devices);
     const std::string before = describe(cur, form, dev, devices);
-    region->write({dev.uuid, next});
+    region->write({dev.uuid, next, describe_device(dev)});
     std::printf("pid %d's current %s%s: %s\n", pid, form_name(form), dev_note.c_str(), before.c_str());
     std::printf("pid %d's new %s%s: %s\n", pid, form_name(form), dev_note.c_str(),
                 describe(next, form, dev, devices).c_str());

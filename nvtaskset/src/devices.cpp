@@ -17,8 +17,10 @@ struct Devices::Impl {
   std::string topology_file;
   std::unique_ptr<topo::CudaDriver> driver;
   std::vector<topo::DeviceInfo> devices;
-  std::map<unsigned, topo::Topology> topologies;       // by ordinal
-  std::map<unsigned, std::optional<topo::Topology>> known;  // without calibration
+  // Keyed by UUID: devices described by a task's region have no ordinal.
+  std::map<DeviceUuid, topo::Topology> topologies;
+  std::map<DeviceUuid, std::optional<topo::Topology>> known;  // without calibration
+  std::vector<std::unique_ptr<topo::DeviceInfo>> from_regions;
 
   topo::CudaDriver& drv() {
     if (!driver) {
@@ -76,6 +78,22 @@ const topo::DeviceInfo& Devices::select(const std::string& spec) {
   throw std::runtime_error("device " + spec + " vanished");
 }
 
+const topo::DeviceInfo* Devices::from_region(const DevicePartition& dp) {
+  if (!dp.desc.known() || dp.device == kAnyDevice) return nullptr;
+  for (const auto& d : impl_->from_regions)
+    if (d->uuid == dp.device) return d.get();
+  auto d = std::make_unique<topo::DeviceInfo>();
+  d->uuid = dp.device;
+  d->sm_count = dp.desc.sm_count;
+  d->cc_major = static_cast<int>(dp.desc.cc_major);
+  d->cc_minor = static_cast<int>(dp.desc.cc_minor);
+  d->driver_version = dp.desc.driver_version;
+  d->name = "GPU";
+  if (!known_topology(*d)) return nullptr;
+  impl_->from_regions.push_back(std::move(d));
+  return impl_->from_regions.back().get();
+}
+
 const topo::DeviceInfo& Devices::by_uuid(const DeviceUuid& uuid, pid_t pid) {
   for (const auto& d : all())
     if (d.uuid == uuid) return d;
@@ -84,13 +102,13 @@ const topo::DeviceInfo& Devices::by_uuid(const DeviceUuid& uuid, pid_t pid) {
 }
 
 const topo::Topology& Devices::topology(const topo::DeviceInfo& dev) {
-  if (auto it = impl_->topologies.find(dev.ordinal); it != impl_->topologies.end()) return it->second;
-  if (const topo::Topology* t = known_topology(dev)) return impl_->topologies.emplace(dev.ordinal, *t).first->second;
+  if (auto it = impl_->topologies.find(dev.uuid); it != impl_->topologies.end()) return it->second;
+  if (const topo::Topology* t = known_topology(dev)) return impl_->topologies.emplace(dev.uuid, *t).first->second;
   topo::TopologyOptions o = impl_->options();
   o.driver = &impl_->drv();
   o.progress = progress_bar(dev);
   try {
-    return impl_->topologies.emplace(dev.ordinal, topo::get_topology(dev, o)).first->second;
+    return impl_->topologies.emplace(dev.uuid, topo::get_topology(dev, o)).first->second;
   } catch (const std::exception& e) {
     if (impl_->driver && impl_->driver->wedged()) {
       // A calibration kernel did not finish: tearing the context down could
@@ -106,7 +124,7 @@ const topo::Topology& Devices::topology(const topo::DeviceInfo& dev) {
 }
 
 const topo::Topology* Devices::known_topology(const topo::DeviceInfo& dev) {
-  auto it = impl_->known.find(dev.ordinal);
+  auto it = impl_->known.find(dev.uuid);
   if (it == impl_->known.end()) {
     std::optional<topo::Topology> t;
     try {
@@ -114,14 +132,14 @@ const topo::Topology* Devices::known_topology(const topo::DeviceInfo& dev) {
     } catch (const std::exception& e) {
       spdlog::debug("no topology for device {} without calibration: {}", dev.ordinal, e.what());
     }
-    it = impl_->known.emplace(dev.ordinal, std::move(t)).first;
+    it = impl_->known.emplace(dev.uuid, std::move(t)).first;
   }
   return it->second ? &*it->second : nullptr;
 }
 
 std::string Devices::cluster_warning(const topo::DeviceInfo& dev, const LogicalTpcSet& tpcs) {
   const topo::Topology* t = known_topology(dev);
-  if (auto it = impl_->topologies.find(dev.ordinal); it != impl_->topologies.end()) t = &it->second;
+  if (auto it = impl_->topologies.find(dev.uuid); it != impl_->topologies.end()) t = &it->second;
   return t ? topo::cluster_capability(*t, tpcs).warning : std::string();
 }
 
@@ -162,7 +180,7 @@ int Devices::calibrate_all(bool json) {
       topo::Topology t = topo::get_topology(d, o);
       std::fprintf(stderr, "nvtaskset: device %u: %zu TPCs, %zu GPCs, from %s\n", d.ordinal, t.tpcs.size(),
                    t.gpcs.size(), t.source.c_str());
-      impl_->topologies[d.ordinal] = t;
+      impl_->topologies[d.uuid] = t;
       topos.push_back(std::move(t));
     } catch (const std::exception& e) {
       std::fprintf(stderr, "nvtaskset: device %u: calibration failed: %s\n", d.ordinal, e.what());

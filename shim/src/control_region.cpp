@@ -73,11 +73,21 @@ void publish(DeviceEntry& e, const Partition& p) noexcept {
   e.generation.store(next, std::memory_order_release);
 }
 
+// The descriptor is written only under the writer lock and read by the CLI,
+// never by the launch callback; it changes at most from unknown to known.
+void store_desc(DeviceEntry& e, const DeviceDesc& d) noexcept {
+  e.sm_count = d.sm_count;
+  e.cc_major = d.cc_major;
+  e.cc_minor = d.cc_minor;
+  e.driver_version = d.driver_version;
+}
+
 void write_locked(Header& h, const DevicePartition& dp) {
   DeviceEntry* free_slot = nullptr;
   for (auto& e : h.devices) {
     if (e.in_use.load(std::memory_order_acquire)) {
       if (std::memcmp(e.uuid, dp.device.data(), 16) == 0) {
+        if (dp.desc.known()) store_desc(e, dp.desc);  // keep what an earlier writer knew
         publish(e, dp.partition);
         return;
       }
@@ -87,6 +97,7 @@ void write_locked(Header& h, const DevicePartition& dp) {
   }
   if (!free_slot) throw Error("the control region has no room for another device partition");
   std::memcpy(free_slot->uuid, dp.device.data(), 16);
+  store_desc(*free_slot, dp.desc);
   publish(*free_slot, dp.partition);
   free_slot->in_use.store(1, std::memory_order_release);
 }
@@ -134,6 +145,10 @@ Partition read_partition(const DeviceEntry& e) noexcept {
 }
 
 void init_header(Header& h, const std::vector<DevicePartition>& initial) {
+  for (DeviceEntry& e : h.devices) {
+    e.in_use.store(0, std::memory_order_relaxed);
+    e.generation.store(0, std::memory_order_relaxed);
+  }
   h.version = kVersion;
   h.size = sizeof(Header);
   h.pid = ::getpid();
@@ -272,13 +287,16 @@ unsigned Region::remove_stale() {
   return removed;
 }
 
-std::vector<DevicePartition> Region::read_all() const {
+std::vector<DevicePartition> Region::read_all() const { return ctl::read_all(*header_); }
+
+std::vector<DevicePartition> read_all(const Header& h) {
   std::vector<DevicePartition> out;
-  for (const auto& e : header_->devices) {
+  for (const auto& e : h.devices) {
     if (!e.in_use.load(std::memory_order_acquire)) continue;
     DevicePartition dp;
     std::memcpy(dp.device.data(), e.uuid, 16);
     dp.partition = read_partition(e);
+    dp.desc = {e.sm_count, e.cc_major, e.cc_minor, e.driver_version};
     out.push_back(dp);
   }
   return out;

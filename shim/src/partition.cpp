@@ -28,6 +28,16 @@ Bits128 parse_hex128(std::string_view s) {
   return b;
 }
 
+std::uint32_t parse_uint(std::string_view s) {
+  if (s.empty() || s.size() > 9) throw std::invalid_argument("bad number '" + std::string(s) + "'");
+  std::uint32_t v = 0;
+  for (char c : s) {
+    if (c < '0' || c > '9') throw std::invalid_argument("bad number '" + std::string(s) + "'");
+    v = v * 10 + static_cast<std::uint32_t>(c - '0');
+  }
+  return v;
+}
+
 std::vector<std::string_view> split(std::string_view s, char sep) {
   std::vector<std::string_view> out;
   std::size_t start = 0;
@@ -74,6 +84,8 @@ std::string encode_partitions(const std::vector<DevicePartition>& parts) {
     out += ',' + dp.partition.enabled.bits.to_hex();
     out += ',' + dp.partition.tpcs.bits.to_hex();
     out += ',' + dp.partition.gpcs.bits.to_hex();
+    out += ',' + std::to_string(dp.desc.sm_count) + ',' + std::to_string(dp.desc.cc_major) + ',' +
+           std::to_string(dp.desc.cc_minor) + ',' + std::to_string(dp.desc.driver_version);
   }
   return out;
 }
@@ -83,7 +95,7 @@ std::vector<DevicePartition> decode_partitions(std::string_view text) {
   if (text.empty()) return out;
   for (std::string_view entry : split(text, ';')) {
     const auto f = split(entry, ',');
-    if (f.size() != 5) throw std::invalid_argument("bad partition entry '" + std::string(entry) + "'");
+    if (f.size() != 9) throw std::invalid_argument("bad partition entry '" + std::string(entry) + "'");
     DevicePartition dp;
     if (f[0] != "*") {
       auto u = uuid_from_string(f[0]);
@@ -96,6 +108,10 @@ std::vector<DevicePartition> decode_partitions(std::string_view text) {
     dp.partition.enabled.bits = parse_hex128(f[2]);
     dp.partition.tpcs.bits = parse_hex128(f[3]);
     dp.partition.gpcs.bits = parse_hex128(f[4]);
+    dp.desc.sm_count = parse_uint(f[5]);
+    dp.desc.cc_major = parse_uint(f[6]);
+    dp.desc.cc_minor = parse_uint(f[7]);
+    dp.desc.driver_version = static_cast<std::int32_t>(parse_uint(f[8]));
     if (dp.partition.active() && dp.partition.enabled.empty())
       throw std::invalid_argument("partition enables no TPC");
     for (const auto& prev : out)

@@ -21,6 +21,7 @@ TEST(Partition, EncodingRoundTrips) {
   a.partition.kind = SpecKind::kTpcList;
   a.partition.enabled.bits = {0x00ff00ff00ff00ffull, 0x1234};
   a.partition.tpcs.bits = {0xff, 0};
+  a.desc = {132, 9, 0, 13000};
   DevicePartition b;
   b.device = *uuid_from_string("GPU-00112233-4455-6677-8899-aabbccddeeff");
   b.partition.kind = SpecKind::kGpcList;
@@ -32,13 +33,16 @@ TEST(Partition, EncodingRoundTrips) {
   const std::string text = encode_partitions(parts);
   EXPECT_EQ(decode_partitions(text), parts);
   EXPECT_TRUE(decode_partitions("").empty());
+  EXPECT_EQ(decode_partitions("*,1,0xf,0xf,0x0,16,8,6,13000")[0].desc, (DeviceDesc{16, 8, 6, 13000}));
 }
 
 TEST(Partition, MalformedEncodingIsRejected) {
-  for (const char* bad : {"*", "*,1,0xf,0xf", "*,9,0xf,0x0,0x0", "*,1,f,0x0,0x0", "*,1,0xfg,0x0,0x0",
-                          "*,1,0x0,0x0,0x0" /* active but enables nothing */, "GPU-12,1,0x1,0x1,0x0",
-                          "*,1,0x1,0x1,0x0;*,1,0x1,0x1,0x0" /* same device twice */,
-                          "*,1,0x111111111111111111111111111111111,0x0,0x0"}) {
+  for (const char* bad : {"*", "*,1,0xf,0xf", "*,1,0xf,0x0,0x0" /* no descriptor */, "*,9,0xf,0x0,0x0,0,0,0,0",
+                          "*,1,f,0x0,0x0,0,0,0,0", "*,1,0xfg,0x0,0x0,0,0,0,0",
+                          "*,1,0x0,0x0,0x0,0,0,0,0" /* active but enables nothing */, "GPU-12,1,0x1,0x1,0x0,0,0,0,0",
+                          "*,1,0x1,0x1,0x0,0,0,0,0;*,1,0x1,0x1,0x0,0,0,0,0" /* same device twice */,
+                          "*,1,0x111111111111111111111111111111111,0x0,0x0,0,0,0,0", "*,1,0x1,0x1,0x0,x,0,0,0",
+                          "*,1,0x1,0x1,0x0,-1,0,0,0", "*,1,0x1,0x1,0x0,1234567890,0,0,0"}) {
     EXPECT_THROW(decode_partitions(bad), std::invalid_argument) << bad;
   }
 }

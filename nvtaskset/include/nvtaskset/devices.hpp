@@ -25,6 +25,10 @@ class Devices {
   const std::vector<topo::DeviceInfo>& all();
   // "" selects device 0; else an index, UUID or PCI bus id.
   const topo::DeviceInfo& select(const std::string& spec);
+  // The device a task's region describes, when the description is complete
+  // and its layout is known without the driver (cache, file, identity);
+  // nullptr otherwise. Costs no cuInit.
+  const topo::DeviceInfo* from_region(const DevicePartition& dp);
   // The visible device with this UUID (the one a task was partitioned on).
   const topo::DeviceInfo& by_uuid(const DeviceUuid& uuid, pid_t pid);
 
