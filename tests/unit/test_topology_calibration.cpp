@@ -149,6 +149,36 @@ TEST(CalibrationObservations, ClustersLinkAcrossRuns) {
   EXPECT_TRUE(t.gpc_note.empty());
 }
 
+// As on a real H200: a TPC whose two SMs only ever held size-2 clusters
+// (which fit in one TPC) never shared a cluster with another TPC, so nothing
+// says which GPC it is in. It gets no GPC, not a one-TPC GPC of its own, and
+// still counts for size-2 clusters.
+TEST(CalibrationObservations, TpcThatNeverSharedAClusterGetsNoGpc) {
+  CalibrationObservations o;
+  o.device = h200_device();
+  o.device.sm_count = 8;  // 4 TPCs
+  for (unsigned k = 0; k < 4; ++k) o.bits.push_back({PhysicalTpcBit{k}, {SmId{2 * k}, SmId{2 * k + 1}}});
+  o.clusters_probed = true;
+  o.cluster_runs.push_back({2, {{SmId{0}, SmId{2}}, {SmId{6}, SmId{7}}}});  // TPCs 0+1; TPC 3 alone
+  o.cluster_runs.push_back({4, {{SmId{0}, SmId{1}, SmId{2}, SmId{3}}}});
+  const Topology t = topology_from_observations(o);
+  ASSERT_EQ(t.gpcs.size(), 1u);
+  EXPECT_EQ(t.gpcs[0].tpcs, (std::vector<LogicalTpcId>{LogicalTpcId{0}, LogicalTpcId{1}}));
+  EXPECT_EQ(t.gpcs[0].max_cluster, 4u);
+  EXPECT_FALSE(t.tpcs[3].gpc);
+  EXPECT_TRUE(t.tpcs[3].cluster_capable);
+  EXPECT_FALSE(t.tpcs[2].cluster_capable);
+  EXPECT_EQ(t.gpc_note,
+            "TPC 2 never hosted a thread-block-cluster block, so its GPC is unknown; "
+            "TPC 3 never shared a thread-block cluster with another TPC, so its GPC is unknown");
+  LogicalTpcSet lone;
+  lone.insert(LogicalTpcId{3});
+  EXPECT_EQ(cluster_capability(t, lone).sizes, std::vector<unsigned>{2});
+  LogicalTpcSet none;
+  none.insert(LogicalTpcId{2});
+  EXPECT_TRUE(cluster_capability(t, none).sizes.empty());
+}
+
 TEST(CalibrationObservations, PreHopperHasNoClusterGpcs) {
   const HwModel m = a100_model();
   const Topology t = topology_from_observations(perfect_observations(m, /*clusters=*/false));

@@ -140,11 +140,25 @@ Topology topology_from_observations(const CalibrationObservations& obs) {
       }
     }
   }
+  // A TPC whose SMs only ever shared clusters with each other (size 2 fits
+  // in one TPC) tells nothing about its GPC: it gets no GPC rather than a
+  // made-up one-TPC GPC. Seen on an H200: four such TPCs next to 8 real
+  // GPCs (docs/verification.md); FACTS.md: report them honestly.
+  std::map<unsigned, unsigned> group_size;
+  for (unsigned k = 0; k < n; ++k)
+    if (capable[k]) ++group_size[uf.find(k)];
+  std::vector<unsigned> lone;
   // Number the groups in order of their lowest logical TPC; the union-find
   // keeps the lowest member as the root, so roots ascend with that order.
   std::map<unsigned, unsigned> gpc_of_root;
-  for (unsigned k = 0; k < n; ++k)
-    if (capable[k]) gpc_of_root.emplace(uf.find(k), static_cast<unsigned>(gpc_of_root.size()));
+  for (unsigned k = 0; k < n; ++k) {
+    if (!capable[k]) continue;
+    if (group_size[uf.find(k)] < 2) {
+      lone.push_back(k);
+      continue;
+    }
+    gpc_of_root.emplace(uf.find(k), static_cast<unsigned>(gpc_of_root.size()));
+  }
   if (gpc_of_root.empty()) {
     std::string refused;
     if (!obs.refused_cluster_sizes.empty()) {
@@ -163,6 +177,10 @@ Topology topology_from_observations(const CalibrationObservations& obs) {
       unplaced.push_back(k);
       continue;
     }
+    if (group_size[uf.find(k)] < 2) {
+      t.tpcs[k].cluster_capable = true;  // it ran clusters of its own two SMs
+      continue;
+    }
     const unsigned g = gpc_of_root.at(uf.find(k));
     t.tpcs[k].gpc = GpcId{g};
     t.tpcs[k].cluster_capable = true;
@@ -170,13 +188,20 @@ Topology topology_from_observations(const CalibrationObservations& obs) {
   }
   for (const ClusterObservation& run : obs.cluster_runs)
     for (const auto& cluster : run.clusters) {
-      const unsigned g = gpc_of_root.at(uf.find(cluster.front().value / 2));
+      const auto it = gpc_of_root.find(uf.find(cluster.front().value / 2));
+      if (it == gpc_of_root.end()) continue;  // a lone TPC's cluster
+      const unsigned g = it->second;
       t.gpcs[g].max_cluster = std::max(t.gpcs[g].max_cluster, run.cluster_size);
     }
+  std::vector<std::string> notes;
   if (!unplaced.empty())
-    t.gpc_note = fmt::format("TPC{} {} never hosted a thread-block-cluster block, so {} GPC is unknown",
-                             unplaced.size() == 1 ? "" : "s", format_id_range(unplaced),
-                             unplaced.size() == 1 ? "its" : "their");
+    notes.push_back(fmt::format("TPC{} {} never hosted a thread-block-cluster block, so {} GPC is unknown",
+                                unplaced.size() == 1 ? "" : "s", format_id_range(unplaced),
+                                unplaced.size() == 1 ? "its" : "their"));
+  if (!lone.empty())
+    notes.push_back(fmt::format("TPC{} {} never shared a thread-block cluster with another TPC, so {} GPC is unknown",
+                                lone.size() == 1 ? "" : "s", format_id_range(lone), lone.size() == 1 ? "its" : "their"));
+  for (const auto& note : notes) t.gpc_note += (t.gpc_note.empty() ? "" : "; ") + note;
   validate(t);
   return t;
 }

@@ -210,7 +210,11 @@ ClusterCapability cluster_capability(const Topology& t, const LogicalTpcSet& tpc
   cap.known = true;
   cap.gpu_largest = t.max_cluster();
   for (unsigned c : kClusterSizes) {
+    // A cluster of 2 fits in one cluster-capable TPC, whatever its GPC.
     bool runs = false;
+    if (c == 2)
+      for (unsigned k : tpcs.bits.indices())
+        if (k < t.tpcs.size() && t.tpcs[k].cluster_capable) runs = true;
     for (const GpcInfo& g : t.gpcs) {
       if (c > g.max_cluster) continue;
       unsigned capable = 0;
