@@ -5,7 +5,9 @@
 // is renumbered (FACTS.md), so checks of exact TPCs run with --no-mps.
 //
 //   smid_probe [--iters N] [--interval-ms M] [--blocks B] [--until-file F] [--ready-file F]
-// prints one line per kernel: "iter <i> sms <count> tpcs <list>".
+//              [--device D | --all-devices]
+// prints one line per kernel: "iter <i> sms <count> tpcs <list>", prefixed
+// with "dev <d> " when --all-devices runs the kernel on every GPU in turn.
 #include <cuda_runtime.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -59,6 +61,8 @@ int main(int argc, char** argv) {
   int iters = 1, interval_ms = 0, blocks = 0;
   const char* until_file = nullptr;
   const char* ready_file = nullptr;
+  int device = 0;
+  bool all_devices = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "missing value\n"), std::exit(2), ""); };
@@ -67,35 +71,51 @@ int main(int argc, char** argv) {
     else if (a == "--blocks") blocks = std::atoi(next());
     else if (a == "--until-file") until_file = next();
     else if (a == "--ready-file") ready_file = next();
+    else if (a == "--device") device = std::atoi(next());
+    else if (a == "--all-devices") all_devices = true;
     else { std::fprintf(stderr, "smid_probe: unknown argument %s\n", a.c_str()); return 2; }
   }
-  cudaDeviceProp prop{};
-  CHECK(cudaGetDeviceProperties(&prop, 0));
-  if (blocks == 0) blocks = prop.multiProcessorCount * 8;
-  unsigned* d_out = nullptr;
-  CHECK(cudaMalloc(&d_out, sizeof(unsigned) * blocks));
-  std::vector<unsigned> h(blocks);
-  std::printf("pid %d device %s sms %d\n", getpid(), prop.name, prop.multiProcessorCount);
+  int ndev = 0;
+  CHECK(cudaGetDeviceCount(&ndev));
+  std::vector<int> devs;
+  if (all_devices) for (int d = 0; d < ndev; ++d) devs.push_back(d);
+  else devs.push_back(device);
+  struct Dev { int id; int blocks; unsigned* d_out; long long spin; };
+  std::vector<Dev> ds;
+  for (int d : devs) {
+    CHECK(cudaSetDevice(d));
+    cudaDeviceProp prop{};
+    CHECK(cudaGetDeviceProperties(&prop, d));
+    Dev x{d, blocks ? blocks : prop.multiProcessorCount * 8, nullptr, 0};
+    CHECK(cudaMalloc(&x.d_out, sizeof(unsigned) * x.blocks));
+    int clock_khz = 0;  // cudaDeviceProp::clockRate is gone in CUDA 13
+    CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, d));
+    x.spin = static_cast<long long>(clock_khz) * 20 / 1000;  // ~20 us
+    std::printf("pid %d device %d %s sms %d\n", getpid(), d, prop.name, prop.multiProcessorCount);
+    ds.push_back(x);
+  }
   std::fflush(stdout);
-  int clock_khz = 0;  // cudaDeviceProp::clockRate is gone in CUDA 13
-  CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
-  const long long spin = static_cast<long long>(clock_khz) * 20 / 1000;  // ~20 us
   for (int it = 0; until_file ? true : it < iters; ++it) {
     if (until_file) {
       struct stat st;
       if (stat(until_file, &st) == 0) break;
     }
-    CHECK(cudaMemset(d_out, 0xff, sizeof(unsigned) * blocks));
-    record_smid<<<blocks, 32>>>(d_out, spin);
-    CHECK(cudaGetLastError());
-    CHECK(cudaDeviceSynchronize());
-    CHECK(cudaMemcpy(h.data(), d_out, sizeof(unsigned) * blocks, cudaMemcpyDeviceToHost));
-    std::set<unsigned> sms, tpcs;
-    for (unsigned s : h) {
-      sms.insert(s);
-      tpcs.insert(s / 2);
+    for (const Dev& x : ds) {
+      CHECK(cudaSetDevice(x.id));
+      std::vector<unsigned> h(x.blocks);
+      CHECK(cudaMemset(x.d_out, 0xff, sizeof(unsigned) * x.blocks));
+      record_smid<<<x.blocks, 32>>>(x.d_out, x.spin);
+      CHECK(cudaGetLastError());
+      CHECK(cudaDeviceSynchronize());
+      CHECK(cudaMemcpy(h.data(), x.d_out, sizeof(unsigned) * x.blocks, cudaMemcpyDeviceToHost));
+      std::set<unsigned> sms, tpcs;
+      for (unsigned s : h) {
+        sms.insert(s);
+        tpcs.insert(s / 2);
+      }
+      if (all_devices) std::printf("dev %d ", x.id);
+      std::printf("iter %d sms %zu tpcs %s\n", it, sms.size(), ranges(tpcs).c_str());
     }
-    std::printf("iter %d sms %zu tpcs %s\n", it, sms.size(), ranges(tpcs).c_str());
     std::fflush(stdout);
     if (ready_file && it == 0) {
       if (FILE* f = std::fopen(ready_file, "w")) { std::fprintf(f, "%d\n", getpid()); std::fclose(f); }

@@ -8,7 +8,7 @@ Run from the repository root on a machine with an NVIDIA GPU, with the build in
 
 Every GPU command has a timeout. Each check prints PASS/FAIL with its evidence;
 the exit status is the number of failures. Sections: calibrate, probe, lists,
-gpc, live, mps, torch, bench, errors (default: all).
+gpc, live, mps, torch, bench, errors, multi (needs 2 GPUs), systemwide (default: all).
 """
 import json
 import os
@@ -210,10 +210,11 @@ def live(spec_a, spec_b, want_a, want_b, label):
             time.sleep(0.01)
         time.sleep(0.2)
         pid = p.pid
+        iters = lambda: sum(l.startswith("iter ") for l in open(outpath).read().splitlines())
         rc_q, q, _, _ = run([NV, "-p", str(pid)], timeout=30)
-        lines_before_change = open(outpath).read().count("\n")
+        lines_before_change = iters()
         rc_c, c, cerr, dt = run([NV, "-p"] + spec_b + [str(pid)], timeout=30)
-        lines_at_change = open(outpath).read().count("\n")
+        lines_at_change = iters()
         time.sleep(0.5)
         open(until, "w").close()
         try:
@@ -223,11 +224,10 @@ def live(spec_a, spec_b, want_a, want_b, label):
             rc = -9
     lines = [l for l in open(outpath).read().splitlines() if l.startswith("iter ")]
     tps = [parse_ranges(l.split()[-1]) for l in lines]
-    # The header line ("pid ...") precedes the iterations. Kernels printed
-    # before -p started were launched before it; the first kernel not yet
-    # printed when -p returned may have been launched before that; every
-    # later one was launched after.
-    before, after = tps[:max(lines_before_change - 1, 0)], tps[lines_at_change:]
+    # Kernels printed before -p started were launched before it; the first
+    # kernel not yet printed when -p returned may have been launched before
+    # that; every later one was launched after.
+    before, after = tps[:lines_before_change], tps[lines_at_change + 1:]
     check(f"live {label}: -p query", rc_q == 0, q.strip())
     check(f"live {label}: -p change output", rc_c == 0, c.strip().replace("\n", " | ") + f" ({dt * 1000:.1f} ms)")
     check(f"live {label}: kernels before the change on the old TPCs", before and all(t == want_a for t in before),
@@ -250,35 +250,47 @@ def stop_mps():
     subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, timeout=30, capture_output=True)
 
 
+def busy_pair(spec_a, spec_b, mps):
+    """Two busy copies started together; returns ((ta, start, end), (tb, ...), stderr a)."""
+    start_at = int(time.time() * 1000) + 4000  # room for process and MPS start-up
+    base = [NV] + ([] if mps else ["--no-mps"])
+    procs = [subprocess.Popen(base + spec + [f"{GPUBIN}/busy", "--start-at", str(start_at)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for spec in (spec_a, spec_b)]
+    res, errs = [], []
+    for p in procs:
+        o, e = p.communicate(timeout=180)
+        LOG.write(f"busy {'mps' if mps else 'no-mps'}: rc={p.returncode} {o}{e}\n")
+        m = re.search(r"busy: ([\d.]+) s start (\d+) end (\d+)", o)
+        res.append((float(m.group(1)), int(m.group(2)), int(m.group(3))) if m and p.returncode == 0 else None)
+        errs.append(e)
+    return res, errs
+
+
 def section_mps():
     n = ntpcs()
-    half_a, half_b = f"0-{n // 2 - 1}", f"{n // 2}-{n - 1}"
-    rc, out, err, full = run([f"{GPUBIN}/busy"], timeout=120)
-    log(f"INFO busy alone on the whole GPU: {out.strip()} ({full:.2f}s wall)")
-    rc, out, err, half = run([NV, "--no-mps", "-t", half_a, f"{GPUBIN}/busy"], timeout=120)
-    check("busy on half the TPCs takes about twice as long", rc == 0 and 1.6 < half / full < 2.6,
-          f"{half:.2f}s vs {full:.2f}s = {half / full:.2f}x")
+    half_a, half_b = ["-t", f"0-{n // 2 - 1}"], ["-t", f"{n // 2}-{n - 1}"]
+    rc, out, err, _ = run([f"{GPUBIN}/busy"], timeout=120)
+    full = float(re.search(r"busy: ([\d.]+)", out).group(1))
+    rc, out, err, _ = run([NV, "--no-mps"] + half_a + [f"{GPUBIN}/busy"], timeout=120)
+    half = float(re.search(r"busy: ([\d.]+)", out).group(1))
+    check("busy on half the TPCs takes about twice as long as on all", 1.6 < half / full < 2.6,
+          f"{half:.3f}s vs {full:.3f}s = {half / full:.2f}x")
     try:
-        t0 = time.monotonic()
-        pa = subprocess.Popen([NV, "-t", half_a, f"{GPUBIN}/busy"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
-        time.sleep(1.0)  # the first start also starts the daemon; let it come up
-        pb = subprocess.Popen([NV, "-t", half_b, f"{GPUBIN}/busy"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True)
-        oa, ea = pa.communicate(timeout=180)
-        ob, eb = pb.communicate(timeout=180)
-        wall = time.monotonic() - t0
-        log(f"INFO co-run a: {oa.strip()} {ea.strip()}")
-        log(f"INFO co-run b: {ob.strip()} {eb.strip()}")
-        ta = float(re.search(r"busy: ([\d.]+)", oa).group(1))
-        tb = float(re.search(r"busy: ([\d.]+)", ob).group(1))
-        check("nvtaskset started the MPS daemon and said how to stop it", "quit" in ea, ea.strip())
-        check("two MPS clients on complementary halves co-run (each about as fast as alone on its half)",
-              pa.returncode == 0 and pb.returncode == 0 and max(ta, tb) < 1.35 * half,
-              f"a {ta:.2f}s, b {tb:.2f}s, alone on a half {half:.2f}s; sum if serialised {ta + tb:.2f}s; "
-              f"wall {wall:.2f}s")
+        (a, b), (ea, eb) = busy_pair(half_a, half_b, mps=True)
+        check("nvtaskset started the MPS daemon and said how to stop it",
+              "started the MPS control daemon" in ea + eb and "quit" in ea + eb, (ea + eb).strip())
+        ok = a and b
+        overlap = ok and min(a[2], b[2]) - max(a[1], b[1])
+        check("two MPS clients on complementary halves run at the same time, each as fast as alone on its half",
+              ok and overlap > 0.8 * min(a[0], b[0]) * 1000 and max(a[0], b[0]) < 1.35 * half,
+              f"a {a[0]:.3f}s, b {b[0]:.3f}s (alone on a half: {half:.3f}s), kernels overlapped {overlap} ms"
+              if ok else f"failed: {ea} {eb}")
     finally:
         stop_mps()
+    (a, b), _ = busy_pair(half_a, half_b, mps=False)
+    if a and b:
+        log(f"INFO without MPS the same pair takes a {a[0]:.3f}s, b {b[0]:.3f}s (time-sliced; alone on a half "
+            f"{half:.3f}s)")
 
 
 def tflops(prefix):
@@ -310,7 +322,7 @@ def section_torch():
 def section_bench():
     real = os.environ.get("REAL_LIBCUDA", "/usr/local/nvidia/lib64/libcuda.so.1")
     rc, out, err, _ = run([os.path.join(BUILD, "bench/bench_launch_overhead"), "--real", real,
-                           "--shim-dir", SHIM_DIR], timeout=300)
+                           "--shim-dir", SHIM_DIR, "--uuid", topo["device"]["uuid"], "--rounds", "9"], timeout=400)
     log("INFO " + out.strip().replace("\n", "\nINFO "))
     m = re.search(r"ratio:\s+([\d.]+)x", out)
     check("launch overhead with shim + partition <= 1.01x (UUID-keyed partition)", m and float(m.group(1)) <= 1.01,
@@ -332,7 +344,95 @@ def section_errors():
         check(f"refused: {what}", rc == 1 and err.count("\n") == 1 and dt < 30, err.strip())
 
 
-SECTIONS = ["calibrate", "probe", "lists", "gpc", "live", "mps", "torch", "bench", "errors"]
+def probe_all(prefix, env=None):
+    """smid_probe --all-devices under prefix: {device: tpc set}."""
+    rc, out, err, _ = run(prefix + [f"{GPUBIN}/smid_probe", "--all-devices", "--iters", "1"], timeout=90, env=env)
+    return {int(m.group(1)): parse_ranges(m.group(2)) for m in re.finditer(r"dev (\d+) iter 0 sms \d+ tpcs (\S+)", out)}, rc, err
+
+
+def section_multi():
+    rc, out, err, _ = run([NV, "--topology", "--json"], timeout=240)
+    devs = json.loads(out)["devices"] if rc == 0 else []
+    check("--topology calibrates and lists every GPU", len(devs) >= 2, f"{len(devs)} GPUs rc={rc} {err.strip()[-200:]}")
+    if len(devs) < 2:
+        return
+    n0, n1 = len(devs[0]["tpcs"]), len(devs[1]["tpcs"])
+    got, rc, err = probe_all([NV, "--no-mps", "-d", "0", "-t", "0-7", "-d", "1", "-t", "8-15"])
+    check("-d 0 -t 0-7 -d 1 -t 8-15: each GPU on its own list", got == {0: set(range(8)), 1: set(range(8, 16))},
+          f"{ {d: ranges(t) for d, t in got.items()} } rc={rc} {err.strip()[-200:]}")
+    got, rc, err = probe_all([NV, "--no-mps", "-d", "1", "-t", "0-3"])
+    check("-d 1 -t 0-3: GPU 1 partitioned, GPU 0 unrestricted", got == {0: set(range(n0)), 1: set(range(4))},
+          f"{ {d: ranges(t) for d, t in got.items()} }")
+    for spec in (devs[1]["device"]["uuid"], devs[1]["device"]["uuid"][:12], devs[1]["device"]["pci_bus_id"]):
+        got, rc, err = probe_all([NV, "--no-mps", "-d", spec, "-t", "5"])
+        check(f"-d {spec} selects GPU 1", got == {0: set(range(n0)), 1: {5}}, f"{ {d: ranges(t) for d, t in got.items()} }")
+    tp, rc, err = probe_tpcs([NV, "--no-mps", "-t", "0-3"], env={"CUDA_VISIBLE_DEVICES": "1"})
+    check("CUDA_VISIBLE_DEVICES=1: device 0 is that GPU, by UUID", tp == set(range(4)), f"ran on {ranges(tp or [])}")
+    # Live change of one GPU's partition in a two-GPU task.
+    until, ready = os.path.join(OUT, "until-multi"), os.path.join(OUT, "ready-multi")
+    outpath = os.path.join(OUT, "live-multi.txt")
+    with open(outpath, "w") as out:
+        p = subprocess.Popen([NV, "--no-mps", "-d", "1", "-t", "0-3", f"{GPUBIN}/smid_probe", "--all-devices",
+                              "--interval-ms", "5", "--until-file", until, "--ready-file", ready], stdout=out,
+                             stderr=subprocess.STDOUT)
+        t0 = time.monotonic()
+        while not os.path.exists(ready) and time.monotonic() - t0 < 90:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        rc_q, q, _, _ = run([NV, "-p", str(p.pid)], timeout=30)
+        rc_c, c, cerr, dt = run([NV, "-p", "-d", "1", "-t", "4-7", str(p.pid)], timeout=60)
+        mark = sum(l.startswith("dev ") for l in open(outpath).read().splitlines())
+        time.sleep(0.5)
+        open(until, "w").close()
+        p.wait(timeout=60)
+    lines = [l for l in open(outpath).read().splitlines() if l.startswith("dev ")][mark + 2:]
+    after = [(int(m.group(1)), parse_ranges(m.group(2))) for m in
+             (re.match(r"dev (\d+) iter \d+ sms \d+ tpcs (\S+)", l) for l in lines) if m]
+    check("multi-GPU -p query", rc_q == 0, q.strip())
+    check("multi-GPU -p -d 1 change", rc_c == 0, c.strip().replace("\n", " | "))
+    check("after -p -d 1 -t 4-7: GPU 1 on 4-7, GPU 0 still unrestricted",
+          len(after) > 10 and all(t == (set(range(4, 8)) if d == 1 else set(range(n0))) for d, t in after),
+          f"{len(after)} kernels after the change")
+
+
+def section_systemwide():
+    """--system-wide enable: a CUDA program started without nvtaskset loads the
+    shim through the loader cache and can be moved with -p."""
+    rc, out, err, _ = run([NV, "--system-wide", "enable"], timeout=60)
+    check("--system-wide enable", rc == 0, (out + err).strip().replace("\n", " | "))
+    try:
+        rc, out, err, _ = run(["sh", "-c", "ldconfig -p | grep 'libcuda.so.1 '"], timeout=30)
+        check("the loader cache lists the shim first", out.splitlines()[0].endswith(SHIM_DIR + "/libcuda.so.1")
+              if out else False, out.strip().replace("\n", " | "))
+        until, ready = os.path.join(OUT, "until-sw"), os.path.join(OUT, "ready-sw")
+        outpath = os.path.join(OUT, "live-sw.txt")
+        env = dict(os.environ)
+        env["LD_LIBRARY_PATH"] = ""  # let the loader cache decide, as for any program on the machine
+        with open(outpath, "w") as o:
+            p = subprocess.Popen([f"{GPUBIN}/smid_probe", "--interval-ms", "5", "--until-file", until, "--ready-file",
+                                  ready], stdout=o, stderr=subprocess.STDOUT, env=env)
+            t0 = time.monotonic()
+            while not os.path.exists(ready) and time.monotonic() - t0 < 60:
+                time.sleep(0.01)
+            region = os.path.exists(f"/dev/shm/nvtaskset.{p.pid}")
+            rc_q, q, qerr, _ = run([NV, "-p", str(p.pid)], timeout=60)
+            rc_c, c, cerr, _ = run([NV, "-p", "-t", "0-3", str(p.pid)], timeout=60)
+            iters = sum(l.startswith("iter ") for l in open(outpath).read().splitlines())
+            time.sleep(0.5)
+            open(until, "w").close()
+            p.wait(timeout=60)
+        tps = [parse_ranges(l.split()[-1]) for l in open(outpath).read().splitlines() if l.startswith("iter ")]
+        check("a program started without nvtaskset loaded the shim (it has a control region)", region, f"pid {p.pid}")
+        check("... and runs on all TPCs until moved", rc_q == 0 and tps[0] == set(range(ntpcs())),
+              q.strip() + qerr.strip())
+        check("... then -p -t 0-3 moves it", rc_c == 0 and len(tps[iters + 1:]) > 10 and
+              all(t == set(range(4)) for t in tps[iters + 1:]), c.strip().replace("\n", " | ") + cerr.strip())
+    finally:
+        rc, out, err, _ = run([NV, "--system-wide", "disable"], timeout=60)
+        check("--system-wide disable", rc == 0, (out + err).strip())
+
+
+SECTIONS = ["calibrate", "probe", "lists", "gpc", "live", "mps", "torch", "bench", "errors", "multi", "systemwide"]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:] or SECTIONS
