@@ -143,8 +143,15 @@ Partition build_partition(const Request& r, const topo::DeviceInfo& dev, Devices
   return p;
 }
 
+// How a partition is shown in the form the user asked about: a GPC list
+// only for a partition that was set as one; anything else as TPCs.
+SpecKind shown_form(const Partition& p, SpecKind form) {
+  return form == SpecKind::kGpcList && p.kind != SpecKind::kGpcList ? SpecKind::kTpcList : form;
+}
+
 // The partition in the form the user asked about, for `-p` output.
 std::string describe(const Partition& p, SpecKind form, const topo::DeviceInfo& dev, Devices& devices) {
+  form = shown_form(p, form);
   if (form == SpecKind::kPhysical) {
     if (p.active()) return p.enabled.bits.to_hex();
     const topo::Topology* t = devices.known_topology(dev);
@@ -310,14 +317,15 @@ int do_pid(const Options& o) {
       form = cur.kind == SpecKind::kPhysical || cur.kind == SpecKind::kGpcList ? cur.kind : SpecKind::kTpcList;
     const std::string dev_note = requests.size() > 1 ? " on " + device_label(dev) : std::string();
     if (r.kind == SpecKind::kNone) {
-      std::printf("pid %d's current %s%s: %s\n", pid, form_name(form), dev_note.c_str(),
+      std::printf("pid %d's current %s%s: %s\n", pid, form_name(shown_form(cur, form)), dev_note.c_str(),
                   describe(cur, form, dev, devices).c_str());
       continue;
     }
     const Partition next = build_partition(r, dev, devices);
     const std::string before = describe(cur, form, dev, devices);
     region->write({dev.uuid, next, describe_device(dev)});
-    std::printf("pid %d's current %s%s: %s\n", pid, form_name(form), dev_note.c_str(), before.c_str());
+    std::printf("pid %d's current %s%s: %s\n", pid, form_name(shown_form(cur, form)), dev_note.c_str(),
+                before.c_str());
     std::printf("pid %d's new %s%s: %s\n", pid, form_name(form), dev_note.c_str(),
                 describe(next, form, dev, devices).c_str());
   }

@@ -108,7 +108,9 @@ const topo::Topology& Devices::topology(const topo::DeviceInfo& dev) {
   o.driver = &impl_->drv();
   o.progress = progress_bar(dev);
   try {
-    return impl_->topologies.emplace(dev.uuid, topo::get_topology(dev, o)).first->second;
+    const topo::Topology& t = impl_->topologies.emplace(dev.uuid, topo::get_topology(dev, o)).first->second;
+    for (const auto& w : t.warnings) spdlog::warn("device {}: {}", dev.ordinal, w);
+    return t;
   } catch (const std::exception& e) {
     if (impl_->driver && impl_->driver->wedged()) {
       // A calibration kernel did not finish: tearing the context down could
@@ -129,6 +131,8 @@ const topo::Topology* Devices::known_topology(const topo::DeviceInfo& dev) {
     std::optional<topo::Topology> t;
     try {
       t = topo::get_topology(dev, impl_->options());  // no driver: never calibrates
+      // Say when sources disagree (nvdebug against calibration, say).
+      for (const auto& w : t->warnings) spdlog::warn("device {}: {}", dev.ordinal, w);
     } catch (const std::exception& e) {
       spdlog::debug("no topology for device {} without calibration: {}", dev.ordinal, e.what());
     }
