@@ -14,16 +14,6 @@ namespace {
 
 using namespace testing;
 
-// The message of the std::runtime_error `f` throws ("" if none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(TopologyModel, H200ModelIsHopperLike) {
   const HwModel m = h200_model();

@@ -37,15 +37,6 @@ namespace {
 using namespace testing;
 namespace fs = std::filesystem;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::runtime_error& e) {
-    return e.what();
-  }
-  return "";
-}
 
 void expect_same_layout(const Topology& got, const Topology& want) {
   ASSERT_EQ(got.tpcs.size(), want.tpcs.size());

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <map>
 #include <numeric>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -178,5 +179,16 @@ inline GpcSet gpc_set(std::initializer_list<unsigned> ids) {
 }
 
 inline std::vector<unsigned> ids_of(const LogicalTpcSet& s) { return s.bits.indices(); }
+
+// The message of the std::runtime_error `f` throws ("" if none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "";
+}
 
 }  // namespace nvtaskset::topo::testing
