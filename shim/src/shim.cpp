@@ -171,12 +171,17 @@ std::string describe(const std::vector<DevicePartition>& parts) {
 // execs follow `nvtaskset -p` changes made after it started; otherwise the
 // CLI's $NVTASKSET_PARTITION. A malformed variable ends the process: running
 // on TPCs the user did not ask for is worse than not running.
-std::vector<DevicePartition> initial_partitions() {
-  // nvtaskset run from inside a partitioned process: the CLI exec'd this very
-  // process (same PID) with the partition the user just asked for, which
-  // wins over the parent's.
+// nvtaskset exec'd this very process (same PID) with the partition the user
+// just asked for: it wins over a partitioned parent's, and over a region an
+// earlier image of this process left (a fork child gets a region from the
+// shim's fork handler, which outlives its exec of nvtaskset).
+bool partition_set_by_cli() {
   const char* from_cli = std::getenv(kPartitionPidEnv);
-  const bool cli_is_parent_of_image = from_cli != nullptr && std::to_string(::getpid()) == from_cli;
+  return from_cli != nullptr && std::to_string(::getpid()) == from_cli;
+}
+
+std::vector<DevicePartition> initial_partitions() {
+  const bool cli_is_parent_of_image = partition_set_by_cli();
   const pid_t ppid = ::getppid();
   if (ppid > 1 && !cli_is_parent_of_image) {
     try {
@@ -471,6 +476,16 @@ void run_init() {
   ctl::Header* header = nullptr;
   try {
     auto region = ctl::Region::create_for_self(initial);
+    if (partition_set_by_cli()) {
+      // The region may predate this image (see partition_set_by_cli):
+      // replace whatever it holds with what the CLI was asked for.
+      for (const DevicePartition& old : region->read_all()) {
+        bool kept = false;
+        for (const DevicePartition& dp : initial) kept = kept || dp.device == old.device;
+        if (!kept) region->write({old.device, Partition{}, old.desc});
+      }
+      for (const DevicePartition& dp : initial) region->write(dp);
+    }
     header = &region->header();
     g_region.store(region.release(), std::memory_order_release);
     log(spdlog::level::debug, "control region {}", ctl::region_name(::getpid()));

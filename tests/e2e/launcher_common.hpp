@@ -17,6 +17,9 @@
 //                        "child <pid>", calls cuInit again and runs the same loop
 //   --exec-child         after the loop, fork and exec this program again with
 //                        "--kernels N"; prints "child <pid>"
+//   --spawn CMD...       (last) after the loop, fork and exec CMD (searched on
+//                        PATH) and wait for it, as a program that starts
+//                        another tool would
 // Prints "pid <pid>" first. Exit status: 0, or 2 (bad usage), 3 (driver
 // error), 4 (a child failed), 5 (--until-file never appeared).
 #pragma once
@@ -60,6 +63,7 @@ struct Options {
   bool print_libcuda = false;
   bool fork_child = false;
   bool exec_child = false;
+  std::vector<std::string> spawn;
 };
 
 inline bool exists(const std::string& path) {
@@ -93,6 +97,10 @@ inline Options parse(int argc, char** argv) {
     else if (a == "--print-libcuda") o.print_libcuda = true;
     else if (a == "--fork") o.fork_child = true;
     else if (a == "--exec-child") o.exec_child = true;
+    else if (a == "--spawn") {
+      for (++i; i < argc; ++i) o.spawn.push_back(argv[i]);
+      if (o.spawn.empty()) usage("--spawn needs a command");
+    }
     else usage(("unknown option " + a).c_str());
   }
   if (o.threads < 1) usage("--threads must be at least 1");
@@ -243,6 +251,23 @@ inline int main(int argc, char** argv, const Driver& d) {
     }
     std::printf("child %d\n", static_cast<int>(c));
     std::fflush(stdout);
+    if (int r = wait_child(c)) rc = r;
+  }
+  if (!o.spawn.empty()) {
+    std::fflush(nullptr);
+    const pid_t c = ::fork();
+    if (c < 0) {
+      std::perror("launcher: fork");
+      return 3;
+    }
+    if (c == 0) {
+      std::vector<char*> args;
+      for (const auto& a : o.spawn) args.push_back(const_cast<char*>(a.c_str()));
+      args.push_back(nullptr);
+      ::execvp(args[0], args.data());
+      std::perror("launcher: execvp");
+      std::_Exit(127);
+    }
     if (int r = wait_child(c)) rc = r;
   }
   return rc;

@@ -876,6 +876,21 @@ std::size_t tmd_lines(const std::string& text) {
   return n;
 }
 
+// nvtaskset run from inside a partitioned CUDA process: the partition the
+// user just asked for wins over the one the new task would inherit from its
+// (partitioned) parent.
+TEST_F(E2E, NvtasksetInsideAPartitionedTaskAppliesItsOwnPartition) {
+  const Result r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--kernels", "1", "--spawn", kCli, "--no-mps", "-t",
+                        "4-5", kLauncher, "--kernels", "2"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  const auto recs = records();
+  ASSERT_EQ(recs.size(), 3u) << read_file(record_);
+  const long parent = recs[0].pid;
+  EXPECT_EQ(recs[0].mask, disable64(0xf));
+  for (const auto& rec : recs)
+    if (rec.pid != parent) EXPECT_EQ(rec.mask, disable64(0x30)) << rec;
+}
+
 TEST_F(E2E, UnknownTmdLayoutStopsThePartitionedTask) {
   env_["FAKECUDA_TMD_LAYOUT"] = "unknown";
   env_["FAKECUDA_INITIAL_MASK"] = "0x5";
