@@ -198,6 +198,26 @@ inline int wait_child(pid_t pid) {
   return 4;
 }
 
+// fork, then exec `cmd[0]` (searched on PATH) with argv cmd[1..]. Returns the
+// child's pid, or -1 with a message.
+inline pid_t start_child(const std::vector<std::string>& cmd) {
+  std::fflush(nullptr);
+  const pid_t c = ::fork();
+  if (c < 0) {
+    std::perror("launcher: fork");
+    return -1;
+  }
+  if (c == 0) {
+    std::vector<char*> args;
+    for (std::size_t i = 1; i < cmd.size(); ++i) args.push_back(const_cast<char*>(cmd[i].c_str()));
+    args.push_back(nullptr);
+    ::execvp(cmd[0].c_str(), args.data());
+    std::perror("launcher: exec");
+    std::_Exit(127);
+  }
+  return c;
+}
+
 inline int main(int argc, char** argv, const Driver& d) {
   const Options o = parse(argc, argv);
   std::printf("pid %d\n", static_cast<int>(::getpid()));
@@ -236,38 +256,17 @@ inline int main(int argc, char** argv, const Driver& d) {
   if (forked > 0) rc = wait_child(forked);
 
   if (o.exec_child) {
-    const std::string kernels = std::to_string(o.kernels);
-    std::fflush(nullptr);
-    const pid_t c = ::fork();
-    if (c < 0) {
-      std::perror("launcher: fork");
-      return 3;
-    }
-    if (c == 0) {
-      char* args[] = {argv[0], const_cast<char*>("--kernels"), const_cast<char*>(kernels.c_str()), nullptr};
-      ::execv("/proc/self/exe", args);
-      std::perror("launcher: execv");
-      std::_Exit(127);
-    }
+    const pid_t c = start_child({"/proc/self/exe", argv[0], "--kernels", std::to_string(o.kernels)});
+    if (c < 0) return 3;
     std::printf("child %d\n", static_cast<int>(c));
     std::fflush(stdout);
     if (int r = wait_child(c)) rc = r;
   }
   if (!o.spawn.empty()) {
-    std::fflush(nullptr);
-    const pid_t c = ::fork();
-    if (c < 0) {
-      std::perror("launcher: fork");
-      return 3;
-    }
-    if (c == 0) {
-      std::vector<char*> args;
-      for (const auto& a : o.spawn) args.push_back(const_cast<char*>(a.c_str()));
-      args.push_back(nullptr);
-      ::execvp(args[0], args.data());
-      std::perror("launcher: execvp");
-      std::_Exit(127);
-    }
+    std::vector<std::string> cmd{o.spawn.front()};
+    cmd.insert(cmd.end(), o.spawn.begin(), o.spawn.end());
+    const pid_t c = start_child(cmd);
+    if (c < 0) return 3;
     if (int r = wait_child(c)) rc = r;
   }
   return rc;
