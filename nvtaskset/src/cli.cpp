@@ -253,6 +253,8 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
                   " next to nvtaskset; set NVTASKSET_SHIM_DIR)");
   Devices devices({shim_dir + "/libcuda.so.1"}, o.topology_file);
 
+  if (requests.size() > ctl::kMaxDevices)
+    throw Failure("at most " + std::to_string(ctl::kMaxDevices) + " GPUs can be partitioned per task");
   std::vector<DevicePartition> parts;
   for (const Request& r : requests) {
     if (r.kind == SpecKind::kNone) throw Failure("-d " + r.device + " has no TPC or GPC list");
