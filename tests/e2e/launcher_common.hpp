@@ -17,6 +17,7 @@
 //                        "child <pid>", calls cuInit again and runs the same loop
 //   --exec-child         after the loop, fork and exec this program again with
 //                        "--kernels N"; prints "child <pid>"
+//   --device N           launch on device N (default 0)
 //   --spawn CMD...       (last) after the loop, fork and exec CMD (searched on
 //                        PATH) and wait for it, as a program that starts
 //                        another tool would
@@ -57,6 +58,7 @@ struct Options {
   long kernels = 1;
   long interval_ms = 0;
   long threads = 1;
+  long device = 0;
   std::string until_file;
   std::string ready_file;
   std::vector<std::string> print_env;
@@ -91,6 +93,7 @@ inline Options parse(int argc, char** argv) {
     if (a == "--kernels") o.kernels = number("--kernels", value());
     else if (a == "--interval-ms") o.interval_ms = number("--interval-ms", value());
     else if (a == "--threads") o.threads = number("--threads", value());
+    else if (a == "--device") o.device = number("--device", value());
     else if (a == "--until-file") { const char* v = value(); if (!v) usage("--until-file needs a path"); o.until_file = v; }
     else if (a == "--ready-file") { const char* v = value(); if (!v) usage("--ready-file needs a path"); o.ready_file = v; }
     else if (a == "--print-env") { const char* v = value(); if (!v) usage("--print-env needs a name"); o.print_env.push_back(v); }
@@ -140,11 +143,14 @@ inline void write_ready(const std::string& path) {
   }
 }
 
-// One launch from the calling thread, on device 0's primary context.
+// The device --device names (set once in main, before any thread starts).
+inline long g_device = 0;
+
+// One launch from the calling thread, on that device's primary context.
 inline void launch_once(const Driver& d) {
   CUdevice dev;
   CUcontext ctx;
-  check(d.device_get(&dev, 0), "cuDeviceGet");
+  check(d.device_get(&dev, static_cast<int>(g_device)), "cuDeviceGet");
   check(d.primary_ctx_retain(&ctx, dev), "cuDevicePrimaryCtxRetain");
   check(d.ctx_set_current(ctx), "cuCtxSetCurrent");
   check(d.launch_kernel(nullptr, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr), "cuLaunchKernel");
@@ -220,6 +226,7 @@ inline pid_t start_child(const std::vector<std::string>& cmd) {
 
 inline int main(int argc, char** argv, const Driver& d) {
   const Options o = parse(argc, argv);
+  g_device = o.device;
   std::printf("pid %d\n", static_cast<int>(::getpid()));
   for (const auto& name : o.print_env) {
     const char* v = std::getenv(name.c_str());

@@ -891,6 +891,41 @@ TEST_F(E2E, NvtasksetInsideAPartitionedTaskAppliesItsOwnPartition) {
     if (rec.pid != parent) EXPECT_EQ(rec.mask, disable64(0x30)) << rec;
 }
 
+// A partition is per GPU: with two devices, each launch gets the mask of its
+// own device (the shim asks the driver which device the launch is on), and a
+// device without a partition is left alone.
+TEST_F(E2E, EachGpuGetsItsOwnPartition) {
+  env_["FAKECUDA_DEVICES"] = "2";
+  env_["FAKECUDA_INITIAL_MASK"] = "0x5";
+  for (const auto& [device, want] : std::vector<std::pair<std::string, std::string>>{
+           {"0", disable64(0xf)}, {"1", disable64(0x30)}}) {
+    ::unlink(record_.c_str());
+    const Result r = run({kCli, "--no-mps", "-d", "0", "-t", "0-3", "-d", "1", "-t", "4-5", kLauncher, "--device",
+                          device, "--kernels", "2"});
+    ASSERT_TRUE(ExitedWith(r, 0)) << r;
+    const auto recs = records();
+    ASSERT_EQ(recs.size(), 2u);
+    for (const auto& rec : recs) EXPECT_EQ(rec.mask, want) << "device " << device << ": " << rec;
+  }
+  // Only device 1 partitioned: device 0's launches keep CUDA's own mask.
+  ::unlink(record_.c_str());
+  Result r = run({kCli, "--no-mps", "-d", "1", "-t", "4-5", kLauncher, "--device", "0", "--kernels", "1"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  ASSERT_EQ(records().size(), 1u);
+  EXPECT_EQ(records()[0].mask, "0x5");
+  // By full UUID; a UUID prefix that matches both devices is refused.
+  for (const std::string spec : {"GPU-fa4ecda0-0000-4000-8000-000000000001", "GPU-fa4ecda0-0000-4000-8000-00000000000"}) {
+    ::unlink(record_.c_str());
+    r = run({kCli, "--no-mps", "-d", spec, "-t", "4-5", kLauncher, "--device", "1", "--kernels", "1"});
+    if (spec.size() == 40) {
+      ASSERT_TRUE(ExitedWith(r, 0)) << r;
+      EXPECT_EQ(records()[0].mask, disable64(0x30));
+    } else {
+      EXPECT_TRUE(FailedWithOneLine(r)) << "an ambiguous UUID prefix must be refused: " << r;
+    }
+  }
+}
+
 TEST_F(E2E, UnknownTmdLayoutStopsThePartitionedTask) {
   env_["FAKECUDA_TMD_LAYOUT"] = "unknown";
   env_["FAKECUDA_INITIAL_MASK"] = "0x5";
