@@ -104,6 +104,10 @@ void write_locked(Header& h, const DevicePartition& dp) {
 
 bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 
+// Whether a complete region belongs to the process `pid` that started at
+// `start` (and not to an earlier process that had the same PID).
+bool owned_by(const Header& h, pid_t pid, std::uint64_t start) { return h.pid == pid && h.start_time == start; }
+
 }  // namespace
 
 std::string region_name(pid_t pid) { return "nvtaskset." + std::to_string(pid); }
@@ -178,8 +182,8 @@ std::unique_ptr<Region> Region::create_for_self(const std::vector<DevicePartitio
       if (impl->shm.get_size(size) && size >= static_cast<bip::offset_t>(sizeof(Header))) {
         impl->map = bip::mapped_region(impl->shm, bip::read_write);
         const auto* h = static_cast<const Header*>(impl->map.get_address());
-        if (h->magic.load(std::memory_order_acquire) == kMagic && h->version == kVersion && h->pid == self &&
-            h->start_time == start) {
+        if (h->magic.load(std::memory_order_acquire) == kMagic && h->version == kVersion &&
+            owned_by(*h, self, start)) {
           impl->name = name;
           return std::unique_ptr<Region>(new Region(std::move(impl)));
         }
@@ -240,7 +244,7 @@ std::unique_ptr<Region> Region::attach(pid_t pid) {
   if (h->version != kVersion)
     throw Error(pid_str(pid) + "'s control region has version " + std::to_string(h->version) + ", expected " +
                 std::to_string(kVersion));
-  if (h->pid != pid || h->start_time != process_start_time(pid)) {
+  if (!owned_by(*h, pid, process_start_time(pid))) {
     // The PID was reused: the region belongs to a process that is gone.
     bip::shared_memory_object::remove(name.c_str());
     throw Error(pid_str(pid) + " is not running under nvtaskset");
@@ -275,8 +279,7 @@ unsigned Region::remove_stale() {
         if (shm.get_size(size) && size >= static_cast<bip::offset_t>(sizeof(Header))) {
           bip::mapped_region map(shm, bip::read_only);
           const auto* h = static_cast<const Header*>(map.get_address());
-          stale = h->magic.load(std::memory_order_acquire) == kMagic &&
-                  (h->pid != pid || h->start_time != process_start_time(pid));
+          stale = h->magic.load(std::memory_order_acquire) == kMagic && !owned_by(*h, pid, process_start_time(pid));
         }
       } catch (...) {
       }
