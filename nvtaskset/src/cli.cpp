@@ -167,6 +167,12 @@ std::string describe(const Partition& p, SpecKind form, const topo::DeviceInfo& 
   return form == SpecKind::kTpcMask ? tpcs.bits.to_hex() : format_list(tpcs.bits);
 }
 
+// The shim file the driver search must skip (none when there is no shim).
+std::vector<std::string> shim_copies(const std::string& shim_dir) {
+  if (shim_dir.empty()) return {};
+  return {shim_dir + "/libcuda.so.1"};
+}
+
 std::string self_exe() {
   std::error_code ec;
   auto p = fs::read_symlink("/proc/self/exe", ec);
@@ -219,6 +225,7 @@ pid_t parse_pid(const std::string& s) {
 }
 
 struct Options {
+  std::string shim_dir;  // find_shim_dir() of this executable; "" when absent
   std::vector<Request> requests;
   std::vector<std::string> positionals;
   bool pid_mode = false;
@@ -247,11 +254,11 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
   std::vector<std::string> cmd(o.positionals.begin() + static_cast<long>(first_cmd), o.positionals.end());
   if (cmd.empty()) throw Failure("no command given (see --help)");
 
-  const std::string shim_dir = find_shim_dir(self_exe());
+  const std::string& shim_dir = o.shim_dir;
   if (shim_dir.empty())
     throw Failure("cannot find the shim libcuda.so.1 (looked in ../" NVTASKSET_SHIM_RELDIR
                   " next to nvtaskset; set NVTASKSET_SHIM_DIR)");
-  Devices devices({shim_dir + "/libcuda.so.1"}, o.topology_file);
+  Devices devices(shim_copies(shim_dir), o.topology_file);
 
   if (requests.size() > ctl::kMaxDevices)
     throw Failure("at most " + std::to_string(ctl::kMaxDevices) + " GPUs can be partitioned per task");
@@ -289,8 +296,7 @@ int do_pid(const Options& o) {
   const auto region = ctl::Region::attach(pid);
   const std::vector<DevicePartition> current = region->read_all();
 
-  const std::string shim_dir = find_shim_dir(self_exe());
-  Devices devices({shim_dir.empty() ? std::string() : shim_dir + "/libcuda.so.1"}, o.topology_file);
+  Devices devices(shim_copies(o.shim_dir), o.topology_file);
 
   // Without -d: the device the task was partitioned on, if exactly one.
   auto default_device = [&]() -> const topo::DeviceInfo& {
@@ -470,10 +476,10 @@ int run(int argc, char** argv) {
       throw Failure("unrecognized option '" + o.positionals.front() + "' (see --help)");
     }
 
-    if (!o.system_wide.empty()) return system_wide(o.system_wide, find_shim_dir(self_exe()));
+    o.shim_dir = find_shim_dir(self_exe());
+    if (!o.system_wide.empty()) return system_wide(o.system_wide, o.shim_dir);
     if (o.show_topology || o.calibrate) {
-      const std::string shim_dir = find_shim_dir(self_exe());
-      Devices devices({shim_dir.empty() ? std::string() : shim_dir + "/libcuda.so.1"}, o.topology_file);
+      Devices devices(shim_copies(o.shim_dir), o.topology_file);
       return o.calibrate ? devices.calibrate_all(o.json) : devices.print(o.json);
     }
     if (o.json) throw Failure("--json goes with --topology");
