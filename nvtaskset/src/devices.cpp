@@ -25,8 +25,7 @@ struct Devices::Impl {
   topo::CudaDriver& drv() {
     if (!driver) {
       topo::DriverOptions o;
-      for (const auto& p : shim_paths)
-        if (!p.empty()) o.locate.exclude.push_back(p);
+      o.locate.exclude = shim_paths;
       driver = std::make_unique<topo::CudaDriver>(o);
       devices = driver->query_devices();
       if (devices.empty()) throw std::runtime_error("no CUDA device is visible");
@@ -142,8 +141,8 @@ const topo::Topology* Devices::known_topology(const topo::DeviceInfo& dev) {
 }
 
 std::string Devices::cluster_warning(const topo::DeviceInfo& dev, const LogicalTpcSet& tpcs) {
-  const topo::Topology* t = known_topology(dev);
-  if (auto it = impl_->topologies.find(dev.uuid); it != impl_->topologies.end()) t = &it->second;
+  const auto it = impl_->topologies.find(dev.uuid);
+  const topo::Topology* t = it != impl_->topologies.end() ? &it->second : known_topology(dev);
   return t ? topo::cluster_capability(*t, tpcs).warning : std::string();
 }
 
