@@ -11,9 +11,11 @@
 #include <boost/interprocess/shared_memory_object.hpp>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <new>
+#include <string_view>
 #include <sstream>
 #include <thread>
 
@@ -110,7 +112,22 @@ bool owned_by(const Header& h, pid_t pid, std::uint64_t start) { return h.pid ==
 
 }  // namespace
 
-std::string region_name(pid_t pid) { return "nvtaskset." + std::to_string(pid); }
+// The prefix of every region name: "nvtaskset." normally, or
+// "nvtaskset-<ns>." when kTestNamespaceEnv names a namespace. Tests that run
+// side by side each take their own namespace, so one test's CLI runs (which
+// clean up stale regions) never see the regions another test plants.
+std::string region_prefix() {
+  const char* ns = std::getenv(kTestNamespaceEnv);
+  if (ns == nullptr || *ns == '\0') return "nvtaskset.";
+  const std::string_view v(ns);
+  if (v.size() > 32 || v.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") !=
+                           std::string_view::npos)
+    throw Error(std::string(kTestNamespaceEnv) + "='" + std::string(v).substr(0, 40) +
+                "': want 1-32 letters, digits or '_'");
+  return "nvtaskset-" + std::string(v) + ".";
+}
+
+std::string region_name(pid_t pid) { return region_prefix() + std::to_string(pid); }
 
 std::uint64_t process_start_time(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
@@ -257,14 +274,15 @@ unsigned Region::remove_stale() {
   DIR* d = ::opendir("/dev/shm");
   if (!d) return 0;
   const uid_t me = ::getuid();
+  const std::string prefix = region_prefix();
   while (dirent* ent = ::readdir(d)) {
     const std::string n = ent->d_name;
-    if (n.rfind("nvtaskset.", 0) != 0) continue;
+    if (n.rfind(prefix, 0) != 0) continue;
     pid_t pid = 0;
     try {
       std::size_t used = 0;
-      pid = static_cast<pid_t>(std::stol(n.substr(10), &used));
-      if (used != n.size() - 10) continue;
+      pid = static_cast<pid_t>(std::stol(n.substr(prefix.size()), &used));
+      if (used != n.size() - prefix.size()) continue;
     } catch (...) {
       continue;
     }

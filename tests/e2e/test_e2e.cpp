@@ -50,6 +50,12 @@ const std::string kLauncherDlopen = NVTASKSET_E2E_LAUNCHER_DLOPEN;
 
 std::string shim_dir() { return fs::path(kShim).parent_path().string(); }
 
+// Tests run side by side (ctest -j) each in their own control-region
+// namespace (NVTASKSET_TEST_NAMESPACE): a CLI run in one test cleans up
+// stale regions and must never see the regions another test plants.
+const std::string kRegionNamespace = "e2e" + std::to_string(::getpid());
+std::string region_path(long pid) { return "/dev/shm/nvtaskset-" + kRegionNamespace + "." + std::to_string(pid); }
+
 // Any child (nvtaskset, -p, a launcher) must finish within this.
 constexpr Ms kTimeout = 20s;
 // Waiting for a file, a record, a process state.
@@ -227,7 +233,7 @@ class E2E : public ::testing::Test {
       const bool was_running = !p->reaped;
       p->kill_group();
       // A process killed here could not remove its control region.
-      if (was_running) ::unlink(("/dev/shm/nvtaskset." + std::to_string(p->pid)).c_str());
+      if (was_running) ::unlink(region_path(p->pid).c_str());
     }
     for (const auto& f : cleanup_) ::unlink(f.c_str());
     std::error_code ec;
@@ -251,6 +257,7 @@ class E2E : public ::testing::Test {
       e[k] = kv.substr(eq + 1);
     }
     e["NVTASKSET_REAL_LIBCUDA"] = kFake;
+    e["NVTASKSET_TEST_NAMESPACE"] = kRegionNamespace;
     e["FAKECUDA_RECORD"] = record_;
     // Keep any topology cache or config of the CLI inside this test.
     e["XDG_CACHE_HOME"] = path("cache");
@@ -824,7 +831,7 @@ TEST_F(E2E, ForkedChildGetsItsOwnRegionWithTheParentsPartition) {
   Result q = run({kCli, "-p", std::to_string(child)});
   EXPECT_TRUE(ExitedWith(q, 0));
   EXPECT_EQ(q.out, pid_line(child, "current TPC list", "0-3")) << q;
-  EXPECT_TRUE(exists("/dev/shm/nvtaskset." + std::to_string(child)));
+  EXPECT_TRUE(exists(region_path(child)));
 
   // Its own region: moving the child leaves the parent where it was.
   q = run({kCli, "-p", "-t", "6-7", std::to_string(child)});
@@ -841,7 +848,7 @@ TEST_F(E2E, ForkedChildGetsItsOwnRegionWithTheParentsPartition) {
   const auto child_recs = records_of(child);
   ASSERT_FALSE(child_recs.empty());
   EXPECT_EQ(child_recs.front().mask, disable64(0xf)) << "the child's first launch was not masked";
-  EXPECT_FALSE(exists("/dev/shm/nvtaskset." + std::to_string(child)));
+  EXPECT_FALSE(exists(region_path(child)));
 }
 
 TEST_F(E2E, ExecdChildGetsTheParentsCurrentPartition) {
@@ -1019,7 +1026,7 @@ TEST_F(E2E, RegionLivesExactlyAsLongAsTheTask) {
                    "--ready-file", ready});
   const long pid = wait_ready(ready, p);
   ASSERT_GT(pid, 0) << p.wait();
-  const std::string region = "/dev/shm/nvtaskset." + std::to_string(pid);
+  const std::string region = region_path(pid);
   struct stat st;
   ASSERT_EQ(::stat(region.c_str(), &st), 0) << region << ": " << std::strerror(errno);
   EXPECT_EQ(st.st_mode & 07777, 0600u) << "region mode " << std::oct << (st.st_mode & 07777);
@@ -1028,7 +1035,7 @@ TEST_F(E2E, RegionLivesExactlyAsLongAsTheTask) {
   // A stale copy: a region whose process is gone.
   Proc& gone = start({"true"});
   ASSERT_TRUE(ExitedWith(gone.wait(), 0));
-  const std::string stale = "/dev/shm/nvtaskset." + std::to_string(gone.pid);
+  const std::string stale = region_path(gone.pid);
   cleanup_.push_back(stale);
   fs::copy_file(region, stale);
   ::chmod(stale.c_str(), 0600);

@@ -160,6 +160,15 @@ TEST(ControlRegion, ReusedPidIsDetectedAsStale) {
     ::execlp("sleep", "sleep", "30", nullptr);
     ::_exit(127);
   }
+  // Killed and reaped however the test ends (a failed ASSERT returns early).
+  struct Reaper {
+    pid_t pid;
+    ~Reaper() {
+      int st = 0;
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+    }
+  } reaper{sleeper};
   const pid_t writer = ::fork();
   if (writer == 0) {
     auto r = Region::create_for_self({tpcs(1)});
@@ -173,8 +182,6 @@ TEST(ControlRegion, ReusedPidIsDetectedAsStale) {
   ASSERT_TRUE(exists(shm_path(sleeper)));
   EXPECT_EQ(attach_error(sleeper), "pid " + std::to_string(sleeper) + " is not running under nvtaskset");
   EXPECT_FALSE(exists(shm_path(sleeper)));
-  ::kill(sleeper, SIGKILL);
-  ::waitpid(sleeper, &status, 0);
 }
 
 TEST(ControlRegion, RemoveStaleCleansLeftovers) {

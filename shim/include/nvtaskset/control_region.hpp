@@ -96,7 +96,13 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Name of the region of a PID (Boost.Interprocess shared-memory name).
+// For tests only: a namespace for region names (letters, digits, '_'), so
+// tests running in parallel never see each other's regions. Unset in normal use.
+inline constexpr const char* kTestNamespaceEnv = "NVTASKSET_TEST_NAMESPACE";
+
+// Name of the region of a PID (Boost.Interprocess shared-memory name, i.e.
+// /dev/shm/<name>): "nvtaskset.<pid>", or "nvtaskset-<ns>.<pid>" in a test
+// namespace. Throws Error on a malformed namespace.
 std::string region_name(pid_t pid);
 // /proc/<pid>/stat field 22, or 0 when the process does not exist.
 std::uint64_t process_start_time(pid_t pid);
