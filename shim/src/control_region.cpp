@@ -54,7 +54,11 @@ class WriterLock {
 };
 
 void store_buffer(MaskBuffer& b, const Partition& p) noexcept {
-  const std::uint64_t s = b.seq.load(std::memory_order_relaxed);
+  // A writer killed between its two stores of `seq` (SIGKILL, the OOM
+  // killer) leaves this buffer's sequence odd. Publishing it so would make
+  // every reader see "being written" forever: round up to even first.
+  std::uint64_t s = b.seq.load(std::memory_order_relaxed);
+  s += s & 1;
   b.seq.store(s + 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
   b.kind.store(static_cast<std::uint64_t>(p.kind), std::memory_order_relaxed);
@@ -64,6 +68,10 @@ void store_buffer(MaskBuffer& b, const Partition& p) noexcept {
   b.tpcs[1].store(p.tpcs.bits.hi, std::memory_order_relaxed);
   b.gpcs[0].store(p.gpcs.bits.lo, std::memory_order_relaxed);
   b.gpcs[1].store(p.gpcs.bits.hi, std::memory_order_relaxed);
+  b.max_cluster.store(p.max_cluster, std::memory_order_relaxed);
+  b.widened[0].store(p.widened.bits.lo, std::memory_order_relaxed);
+  b.widened[1].store(p.widened.bits.hi, std::memory_order_relaxed);
+  b.widened_max_cluster.store(p.widened_max_cluster, std::memory_order_relaxed);
   b.seq.store(s + 2, std::memory_order_release);
 }
 
@@ -84,7 +92,7 @@ void store_desc(DeviceEntry& e, const DeviceDesc& d) noexcept {
   e.driver_version = d.driver_version;
 }
 
-void write_locked(Header& h, const DevicePartition& dp) {
+void write_entry(Header& h, const DevicePartition& dp) {
   DeviceEntry* free_slot = nullptr;
   for (auto& e : h.devices) {
     if (e.in_use.load(std::memory_order_acquire)) {
@@ -102,6 +110,13 @@ void write_locked(Header& h, const DevicePartition& dp) {
   store_desc(*free_slot, dp.desc);
   publish(*free_slot, dp.partition);
   free_slot->in_use.store(1, std::memory_order_release);
+}
+
+// After the partition is published: graph execs encoded before this epoch
+// re-encode their kernels before their next launch.
+void write_locked(Header& h, const DevicePartition& dp) {
+  write_entry(h, dp);
+  h.epoch.store(h.epoch.load(std::memory_order_relaxed) + 1, std::memory_order_release);
 }
 
 bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
@@ -149,8 +164,8 @@ std::uint64_t process_start_time(pid_t pid) {
   }
 }
 
-Partition read_partition(const DeviceEntry& e) noexcept {
-  for (;;) {
+Partition read_partition(const DeviceEntry& e) {
+  for (int i = 0; i < kReadTries; ++i) {
     const std::uint64_t gen = e.generation.load(std::memory_order_acquire);
     const MaskBuffer& b = e.buffer[gen & 1];
     const std::uint64_t s1 = b.seq.load(std::memory_order_acquire);
@@ -160,9 +175,13 @@ Partition read_partition(const DeviceEntry& e) noexcept {
     p.enabled.bits = {b.enabled[0].load(std::memory_order_relaxed), b.enabled[1].load(std::memory_order_relaxed)};
     p.tpcs.bits = {b.tpcs[0].load(std::memory_order_relaxed), b.tpcs[1].load(std::memory_order_relaxed)};
     p.gpcs.bits = {b.gpcs[0].load(std::memory_order_relaxed), b.gpcs[1].load(std::memory_order_relaxed)};
+    p.max_cluster = static_cast<std::uint32_t>(b.max_cluster.load(std::memory_order_relaxed));
+    p.widened.bits = {b.widened[0].load(std::memory_order_relaxed), b.widened[1].load(std::memory_order_relaxed)};
+    p.widened_max_cluster = static_cast<std::uint32_t>(b.widened_max_cluster.load(std::memory_order_relaxed));
     std::atomic_thread_fence(std::memory_order_acquire);
     if (b.seq.load(std::memory_order_relaxed) == s1) return p;
   }
+  throw Error("inconsistent");
 }
 
 void init_header(Header& h, const std::vector<DevicePartition>& initial) {
@@ -308,7 +327,14 @@ unsigned Region::remove_stale() {
   return removed;
 }
 
-std::vector<DevicePartition> Region::read_all() const { return ctl::read_all(*header_); }
+std::vector<DevicePartition> Region::read_all() const {
+  try {
+    return ctl::read_all(*header_);
+  } catch (const Error&) {
+    throw Error("control region of pid " + std::to_string(header_->pid) +
+                " is corrupt: its partition cannot be read consistently");
+  }
+}
 
 std::vector<DevicePartition> read_all(const Header& h) {
   std::vector<DevicePartition> out;

@@ -86,6 +86,8 @@ std::string encode_partitions(const std::vector<DevicePartition>& parts) {
     out += ',' + dp.partition.gpcs.bits.to_hex();
     out += ',' + std::to_string(dp.desc.sm_count) + ',' + std::to_string(dp.desc.cc_major) + ',' +
            std::to_string(dp.desc.cc_minor) + ',' + std::to_string(dp.desc.driver_version);
+    out += ',' + std::to_string(dp.partition.max_cluster) + ',' + dp.partition.widened.bits.to_hex() + ',' +
+           std::to_string(dp.partition.widened_max_cluster);
   }
   return out;
 }
@@ -95,7 +97,7 @@ std::vector<DevicePartition> decode_partitions(std::string_view text) {
   if (text.empty()) return out;
   for (std::string_view entry : split(text, ';')) {
     const auto f = split(entry, ',');
-    if (f.size() != 9) throw std::invalid_argument("bad partition entry '" + std::string(entry) + "'");
+    if (f.size() != 12) throw std::invalid_argument("bad partition entry '" + std::string(entry) + "'");
     DevicePartition dp;
     if (f[0] != "*") {
       auto u = uuid_from_string(f[0]);
@@ -112,6 +114,9 @@ std::vector<DevicePartition> decode_partitions(std::string_view text) {
     dp.desc.cc_major = parse_uint(f[6]);
     dp.desc.cc_minor = parse_uint(f[7]);
     dp.desc.driver_version = static_cast<std::int32_t>(parse_uint(f[8]));
+    dp.partition.max_cluster = parse_uint(f[9]);
+    dp.partition.widened.bits = parse_hex128(f[10]);
+    dp.partition.widened_max_cluster = parse_uint(f[11]);
     if (dp.partition.active() && dp.partition.enabled.empty())
       throw std::invalid_argument("partition enables no TPC");
     for (const auto& prev : out)

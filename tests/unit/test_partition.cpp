@@ -22,6 +22,9 @@ TEST(Partition, EncodingRoundTrips) {
   a.partition.enabled.bits = {0x00ff00ff00ff00ffull, 0x1234};
   a.partition.tpcs.bits = {0xff, 0};
   a.desc = {132, 9, 0, 13000};
+  a.partition.max_cluster = 4;
+  a.partition.widened.bits = {0xffffffffffffffffull, 0x12345};
+  a.partition.widened_max_cluster = 16;
   DevicePartition b;
   b.device = *uuid_from_string("GPU-00112233-4455-6677-8899-aabbccddeeff");
   b.partition.kind = SpecKind::kGpcList;
@@ -33,7 +36,13 @@ TEST(Partition, EncodingRoundTrips) {
   const std::string text = encode_partitions(parts);
   EXPECT_EQ(decode_partitions(text), parts);
   EXPECT_TRUE(decode_partitions("").empty());
-  EXPECT_EQ(decode_partitions("*,1,0xf,0xf,0x0,16,8,6,13000")[0].desc, (DeviceDesc{16, 8, 6, 13000}));
+  const auto one = decode_partitions("*,1,0xf,0xf,0x0,16,8,6,13000,2,0xff,8");
+  EXPECT_EQ(one[0].desc, (DeviceDesc{16, 8, 6, 13000}));
+  EXPECT_EQ(one[0].partition.max_cluster, 2u);
+  EXPECT_EQ(one[0].partition.widened.bits, (Bits128{0xff, 0}));
+  EXPECT_EQ(one[0].partition.widened_max_cluster, 8u);
+  // The form before cluster limits (9 fields) is refused, not half-read.
+  EXPECT_THROW(decode_partitions("*,1,0xf,0xf,0x0,16,8,6,13000"), std::invalid_argument);
 }
 
 TEST(Partition, MalformedEncodingIsRejected) {

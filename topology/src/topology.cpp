@@ -239,6 +239,69 @@ ClusterCapability cluster_capability(const Topology& t, const LogicalTpcSet& tpc
   return cap;
 }
 
+std::uint32_t largest_hostable_cluster(const Topology& t, const LogicalTpcSet& tpcs) {
+  if (!t.device.has_clusters() || !t.gpcs_known()) return kClusterUnchecked;
+  std::uint32_t best = 1;
+  for (unsigned k : tpcs.bits.indices())
+    if (k < t.tpcs.size() && t.tpcs[k].cluster_capable) best = 2;
+  for (const GpcInfo& g : t.gpcs) {
+    std::uint32_t capable = 0;
+    for (LogicalTpcId tpc : g.tpcs)
+      if (tpcs.contains(tpc) && t.tpcs[tpc.value].cluster_capable) ++capable;
+    std::uint32_t sms = 2 * capable;
+    if (g.max_cluster != 0) sms = std::min<std::uint32_t>(sms, g.max_cluster);
+    best = std::max(best, sms);
+  }
+  return best;
+}
+
+LogicalTpcSet gpc_closure(const Topology& t, const LogicalTpcSet& tpcs) {
+  LogicalTpcSet out = tpcs;
+  for (const GpcInfo& g : t.gpcs) {
+    bool touched = false;
+    for (LogicalTpcId tpc : g.tpcs) touched = touched || tpcs.contains(tpc);
+    if (touched)
+      for (LogicalTpcId tpc : g.tpcs) out.insert(tpc);
+  }
+  return out;
+}
+
+ClusterLimits cluster_limits(const Topology& t, const LogicalTpcSet& tpcs) {
+  ClusterLimits c;
+  c.max_cluster = largest_hostable_cluster(t, tpcs);
+  if (c.max_cluster == kClusterUnchecked) return c;
+  c.widened = gpc_closure(t, tpcs);
+  c.widened_max_cluster = largest_hostable_cluster(t, c.widened);
+  return c;
+}
+
+std::optional<LogicalTpcSet> gpc_aligned(const Topology& t, unsigned count) {
+  if (!t.gpcs_known() || count == 0) return std::nullopt;
+  std::vector<const GpcInfo*> order;
+  for (const GpcInfo& g : t.gpcs) order.push_back(&g);
+  std::stable_sort(order.begin(), order.end(),
+                   [](const GpcInfo* a, const GpcInfo* b) { return a->tpcs.size() > b->tpcs.size(); });
+  LogicalTpcSet out;
+  std::vector<const GpcInfo*> rest;
+  for (const GpcInfo* g : order) {
+    if (out.size() + g->tpcs.size() <= count) {
+      for (LogicalTpcId tpc : g->tpcs) out.insert(tpc);
+    } else {
+      rest.push_back(g);
+    }
+  }
+  const unsigned missing = count - out.size();
+  if (missing == 0) return out;
+  // The smallest remaining GPC that holds the rest keeps big GPCs whole for
+  // others; `rest` is sorted largest first.
+  for (auto it = rest.rbegin(); it != rest.rend(); ++it) {
+    if ((*it)->tpcs.size() < missing) continue;
+    for (unsigned i = 0; i < missing; ++i) out.insert((*it)->tpcs[i]);
+    return out;
+  }
+  return std::nullopt;
+}
+
 std::string render_topology(const std::vector<Topology>& topos) {
   std::string out;
   auto line = [&](const std::string& s) {

@@ -27,8 +27,13 @@
 namespace nvtaskset::ctl {
 
 inline constexpr std::uint32_t kMagic = 0x5354564eu;  // "NVTS"
-inline constexpr std::uint32_t kVersion = 1;
+// 2: cluster limits and the widened set in each buffer, the partition epoch,
+// graph and cluster counters in the header.
+inline constexpr std::uint32_t kVersion = 2;
 inline constexpr unsigned kMaxDevices = 8;
+// Cluster sizes counted per size: 1..16 (16 is the largest any GPU runs);
+// index 0 counts launches without clusters.
+inline constexpr unsigned kClusterSlots = 17;
 
 static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
               "the control region needs address-free 64-bit atomics");
@@ -40,6 +45,9 @@ struct MaskBuffer {
   std::atomic<std::uint64_t> enabled[2];  // physical enable bits, lo/hi
   std::atomic<std::uint64_t> tpcs[2];
   std::atomic<std::uint64_t> gpcs[2];
+  std::atomic<std::uint64_t> max_cluster;  // Partition::max_cluster
+  std::atomic<std::uint64_t> widened[2];   // Partition::widened
+  std::atomic<std::uint64_t> widened_max_cluster;
 };
 
 struct DeviceEntry {
@@ -62,6 +70,10 @@ struct Header {
   std::uint64_t start_time;  // /proc/<pid>/stat field 22, detects PID reuse
   std::uint32_t uid;
   std::uint32_t reserved;
+  // Bumped by every write, after the new partition is published. A CUDA
+  // graph exec whose kernels were encoded at an older epoch is re-encoded
+  // before its next launch (shim/src/graphs.cpp).
+  std::atomic<std::uint64_t> epoch;
   // Written by the shim, read by the CLI. Relaxed counters, incremented
   // without a locked instruction (see the shim): approximate when several
   // threads launch at once.
@@ -70,25 +82,73 @@ struct Header {
   std::atomic<std::uint64_t> kernels_unsupported;  // unknown TMD layout while partitioned
   std::atomic<std::uint32_t> last_tmd_version;     // QMD version byte of the last TMD seen
   std::atomic<std::uint32_t> callback_registered;  // non-zero: the token of the process image whose shim subscribed
+  // CUDA graphs: live execs whose kernels follow partition changes, and
+  // those that cannot (device-launched, conditional nodes, or a re-encode
+  // that the driver did not perform). Written under the shim's graph lock.
+  std::atomic<std::uint64_t> graphs_following;
+  std::atomic<std::uint64_t> graphs_not_following;
+  // Thread-block clusters: the largest launched (SMs), launches per size,
+  // launches that did not fit the partition (stopped or widened), widened.
+  std::atomic<std::uint32_t> max_cluster_launched;
+  std::atomic<std::uint32_t> cluster_policy;  // 0 abort, 1 widen (NVTASKSET_ON_CLUSTER_MISFIT)
+  std::atomic<std::uint64_t> cluster_launches[kClusterSlots];
+  std::atomic<std::uint64_t> cluster_misfits;
+  std::atomic<std::uint64_t> clusters_widened;
+  // Launches whose partition could not be read consistently within a
+  // bounded number of tries: the last good partition was applied instead.
+  std::atomic<std::uint64_t> stale_reads;
+  // Launches that ran on all TPCs although a partition was set (no good
+  // partition was ever read, or NVTASKSET_ON_UNSUPPORTED=warn).
+  std::atomic<std::uint64_t> kernels_unmasked;
   DeviceEntry devices[kMaxDevices];
 };
 
-// Lock-free read of one device entry, for the launch callback. Returns false
-// when the entry holds no partition. Never blocks: it retries only while a
-// writer overwrote the very buffer it was reading, which takes two complete
-// publications during one read of a few nanoseconds.
-inline bool read_enabled(const DeviceEntry& e, std::uint64_t& lo, std::uint64_t& hi) noexcept {
-  for (;;) {
+// What the launch callback needs of one entry.
+struct LaunchView {
+  std::uint64_t enabled_lo, enabled_hi;
+  std::uint64_t max_cluster;
+  std::uint64_t widened_lo, widened_hi;
+  std::uint64_t widened_max_cluster;
+};
+
+// Tries a reader makes before it gives up on an entry. A read retries only
+// while writers published twice during it (a few nanoseconds) or the region
+// is corrupt (a sequence number that stays odd): neither may make a launch
+// spin without bound.
+inline constexpr int kReadTries = 64;
+
+enum class ReadResult { kOk, kNone, kInconsistent };
+
+// Lock-free, bounded read of one device entry, for the launch callback.
+// kNone: the entry holds no partition; kInconsistent: no consistent copy
+// within kReadTries (the caller falls back to its last good copy).
+inline ReadResult read_launch_view(const DeviceEntry& e, LaunchView& v) noexcept {
+  for (int i = 0; i < kReadTries; ++i) {
     const std::uint64_t gen = e.generation.load(std::memory_order_acquire);
     const MaskBuffer& b = e.buffer[gen & 1];
     const std::uint64_t s1 = b.seq.load(std::memory_order_acquire);
     if (s1 & 1) continue;
     const std::uint64_t kind = b.kind.load(std::memory_order_relaxed);
-    lo = b.enabled[0].load(std::memory_order_relaxed);
-    hi = b.enabled[1].load(std::memory_order_relaxed);
+    v.enabled_lo = b.enabled[0].load(std::memory_order_relaxed);
+    v.enabled_hi = b.enabled[1].load(std::memory_order_relaxed);
+    v.max_cluster = b.max_cluster.load(std::memory_order_relaxed);
+    v.widened_lo = b.widened[0].load(std::memory_order_relaxed);
+    v.widened_hi = b.widened[1].load(std::memory_order_relaxed);
+    v.widened_max_cluster = b.widened_max_cluster.load(std::memory_order_relaxed);
     std::atomic_thread_fence(std::memory_order_acquire);
-    if (b.seq.load(std::memory_order_relaxed) == s1) return kind != 0;
+    if (b.seq.load(std::memory_order_relaxed) != s1) continue;
+    return kind != 0 ? ReadResult::kOk : ReadResult::kNone;
   }
+  return ReadResult::kInconsistent;
+}
+
+// The old interface, for tests: true when the entry holds a partition.
+inline bool read_enabled(const DeviceEntry& e, std::uint64_t& lo, std::uint64_t& hi) noexcept {
+  LaunchView v{};
+  const bool ok = read_launch_view(e, v) == ReadResult::kOk;
+  lo = v.enabled_lo;
+  hi = v.enabled_hi;
+  return ok;
 }
 
 // Errors meant for the user: what() is one line.
@@ -141,8 +201,9 @@ class Region {
   Header* header_ = nullptr;
 };
 
-// Reads one entry's current partition (consistent snapshot).
-Partition read_partition(const DeviceEntry& e) noexcept;
+// Reads one entry's current partition (consistent snapshot). Throws Error
+// ("inconsistent") when no consistent copy is read within kReadTries.
+Partition read_partition(const DeviceEntry& e);
 
 // Initialises a Header for the calling process with `initial` partitions
 // (any entries it held before are dropped). Used for shared regions and, when

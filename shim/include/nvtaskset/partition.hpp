@@ -21,11 +21,27 @@ enum class SpecKind : std::uint32_t {
   kPhysical = 4,  // --physical MASK: raw TMD bits, untranslated
 };
 
+// Cluster sizes are counted in SMs of one GPC: a kernel launched with
+// clusters of C blocks runs only where C SMs of ONE GPC are inside its
+// partition (docs/hardware.md, "Thread-block clusters"). 0 = not known, so
+// the shim does not check (pre-Hopper GPUs, unknown GPC layouts, --physical
+// masks on an unknown layout).
+inline constexpr std::uint32_t kClusterUnchecked = 0;
+
 struct Partition {
   SpecKind kind = SpecKind::kNone;
   PhysicalTpcMask enabled;  // TMD bits the task may use; the TMD receives the complement
   LogicalTpcSet tpcs;       // the logical view, for display (empty for kPhysical)
   GpcSet gpcs;              // for kGpcList
+  // Largest thread-block cluster (SMs of one GPC) `enabled` can host, or
+  // kClusterUnchecked. Computed by the CLI from the topology when the
+  // partition is written, never in the launch callback.
+  std::uint32_t max_cluster = kClusterUnchecked;
+  // The smallest set of whole GPCs that holds the partition (its GPC
+  // closure), and the largest cluster that set hosts: where a launch goes
+  // under NVTASKSET_ON_CLUSTER_MISFIT=widen. Empty when GPCs are unknown.
+  PhysicalTpcMask widened;
+  std::uint32_t widened_max_cluster = kClusterUnchecked;
 
   bool active() const noexcept { return kind != SpecKind::kNone; }
   bool operator==(const Partition&) const = default;
@@ -70,7 +86,8 @@ inline constexpr const char* kPartitionEnv = "NVTASKSET_PARTITION";
 inline constexpr const char* kPartitionPidEnv = "NVTASKSET_PARTITION_PID";
 
 // Text form: entries separated by ';', each
-//   <device>,<kind>,<enabled hex>,<tpcs hex>,<gpcs hex>,<sms>,<cc major>,<cc minor>,<driver version>
+//   <device>,<kind>,<enabled hex>,<tpcs hex>,<gpcs hex>,<sms>,<cc major>,<cc minor>,<driver version>,
+//   <max cluster>,<widened hex>,<widened max cluster>
 // with <device> either '*' or a UUID string. Round-trips exactly.
 std::string encode_partitions(const std::vector<DevicePartition>& parts);
 // Throws std::invalid_argument with a one-line reason on malformed text.

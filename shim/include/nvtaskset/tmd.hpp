@@ -91,6 +91,43 @@ inline bool write_disable_mask(void* tmd, Layout layout, const Bits128& disable)
   return false;
 }
 
+// Thread-block cluster shape (GPC_CGA_WIDTH/HEIGHT/DEPTH, 6 bits each, one
+// byte apart), from NVIDIA open-gpu-doc:
+//   V04_00 (clcbc0qmd.h): MW(2149:2144), MW(2157:2152), MW(2165:2160) =
+//       low 6 bits of bytes 268, 269, 270. Checked on an H200 (FACTS.md):
+//       0 0 0 without clusters; 2/4/8/16 1 1 for clusters of 2..16 along x.
+//   V05_00 (clcdc0qmd.h): MW(2053:2048), MW(2061:2056), MW(2069:2064) =
+//       bytes 256, 257, 258. From the header only (no Blackwell GPU here).
+// V05_01 does not declare the fields: its shape is unknown.
+inline constexpr std::size_t kClusterOffsetV04 = 268;
+inline constexpr std::size_t kClusterOffsetV05 = 256;
+// Returned when a layout's cluster shape is not known.
+inline constexpr std::uint32_t kClusterShapeUnknown = 0xffffffffu;
+
+// Blocks per cluster (width x height x depth; 0 when the kernel has no
+// clusters), or kClusterShapeUnknown. Reads 3 bytes: callback-safe.
+inline std::uint32_t cluster_blocks(const void* tmd, Layout layout, VersionBytes v) noexcept {
+  std::size_t off;
+  if (layout == Layout::kV04) off = kClusterOffsetV04;
+  else if (layout == Layout::kV05 && v.v58 == 0x50) off = kClusterOffsetV05;
+  else if (layout == Layout::kV01toV03) return 0;  // no clusters before Hopper
+  else return kClusterShapeUnknown;
+  const auto* b = static_cast<const volatile unsigned char*>(tmd);
+  const std::uint32_t w = b[off] & 0x3fu, h = b[off + 1] & 0x3fu, d = b[off + 2] & 0x3fu;
+  if (w == 0 && h == 0 && d == 0) return 0;
+  return (w ? w : 1) * (h ? h : 1) * (d ? d : 1);
+}
+
+// Writes a cluster shape (for the stand-in driver and tests).
+inline void write_cluster_shape(void* tmd, Layout layout, unsigned w, unsigned h, unsigned d) noexcept {
+  const std::size_t off = layout == Layout::kV04 ? kClusterOffsetV04 : kClusterOffsetV05;
+  if (layout != Layout::kV04 && layout != Layout::kV05) return;
+  auto* b = static_cast<unsigned char*>(tmd);
+  b[off] = static_cast<unsigned char>(w & 0x3f);
+  b[off + 1] = static_cast<unsigned char>(h & 0x3f);
+  b[off + 2] = static_cast<unsigned char>(d & 0x3f);
+}
+
 // Reads the mask back (for tests and the stand-in driver).
 inline Bits128 read_disable_mask(const void* tmd, Layout layout) noexcept {
   const auto* b = static_cast<const unsigned char*>(tmd);

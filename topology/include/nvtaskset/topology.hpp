@@ -9,6 +9,7 @@
 //   nvtaskset/topology_json.hpp    the JSON schema (docs/topology.md)
 #pragma once
 
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -113,6 +114,32 @@ struct ClusterCapability {
   std::string warning;
 };
 ClusterCapability cluster_capability(const Topology& t, const LogicalTpcSet& tpcs);
+
+// The largest thread-block cluster, in SMs of one GPC, that a kernel can be
+// launched with on `tpcs`: the most cluster-capable SMs any one GPC has in
+// the set (two per TPC, capped by the largest size that GPC ran), and 2 as
+// soon as one cluster-capable TPC is in the set (a TPC's two SMs always share
+// a GPC). 1 when the set holds no cluster-capable TPC. kClusterUnchecked
+// (0) when the GPU has no clusters or its GPC layout is unknown.
+std::uint32_t largest_hostable_cluster(const Topology& t, const LogicalTpcSet& tpcs);
+
+// The smallest set of whole GPCs holding `tpcs` (every TPC of each GPC the
+// set touches, plus the set's TPCs of unknown GPC). Equal to `tpcs` when the
+// GPC layout is unknown.
+LogicalTpcSet gpc_closure(const Topology& t, const LogicalTpcSet& tpcs);
+
+// What the launch callback checks a clustered kernel against.
+struct ClusterLimits {
+  std::uint32_t max_cluster = kClusterUnchecked;
+  LogicalTpcSet widened;  // gpc_closure(tpcs)
+  std::uint32_t widened_max_cluster = kClusterUnchecked;
+};
+ClusterLimits cluster_limits(const Topology& t, const LogicalTpcSet& tpcs);
+
+// A GPC-aligned set of `count` TPCs: whole GPCs first, largest first, then
+// the rest from one more GPC (the smallest that has enough). nullopt when
+// the GPC layout is unknown or fewer than `count` TPCs have a known GPC.
+std::optional<LogicalTpcSet> gpc_aligned(const Topology& t, unsigned count);
 
 // `numactl --hardware`-like text, one block per GPU (see docs/topology.md).
 std::string render_topology(const std::vector<Topology>& topos);
