@@ -21,6 +21,8 @@
 #include <map>
 #include <optional>
 
+#include <nlohmann/json.hpp>
+
 #include "nvtaskset/control_region.hpp"
 #include "nvtaskset/driver_locate.hpp"
 #include "nvtaskset/devices.hpp"
@@ -95,8 +97,10 @@ LogicalTpcSet checked_tpcs(const std::vector<unsigned>& ids, const topo::DeviceI
 }
 
 // Turns a request into a partition for `dev`. Every check happens here,
-// before anything is started or changed.
-Partition build_partition(const Request& r, const topo::DeviceInfo& dev, Devices& devices) {
+// before anything is started or changed. A warning about the partition (the
+// cluster sizes it cannot host) goes to *warning, for the caller to print
+// once the change is certain.
+Partition build_partition(const Request& r, const topo::DeviceInfo& dev, Devices& devices, std::string* warning) {
   Partition p;
   p.kind = r.kind;
   switch (r.kind) {
@@ -136,11 +140,27 @@ Partition build_partition(const Request& r, const topo::DeviceInfo& dev, Devices
     case SpecKind::kNone:
       break;
   }
-  if (r.kind != SpecKind::kPhysical && r.kind != SpecKind::kNone) {
-    const std::string warning = devices.cluster_warning(dev, p.tpcs);
-    if (!warning.empty()) spdlog::warn("{}", warning);
+  if (r.kind != SpecKind::kPhysical && r.kind != SpecKind::kNone) *warning = devices.cluster_warning(dev, p.tpcs);
+  // What the shim checks clustered launches against (never computed in the
+  // launch callback). A --physical mask on an unknown layout stays unchecked.
+  const topo::Topology* t =
+      r.kind == SpecKind::kPhysical ? devices.known_topology(dev) : &devices.topology(dev);
+  if (t != nullptr && !p.tpcs.empty()) {
+    const topo::ClusterLimits c = topo::cluster_limits(*t, p.tpcs);
+    p.max_cluster = c.max_cluster;
+    if (c.max_cluster != kClusterUnchecked) {
+      p.widened = topo::to_physical(*t, c.widened);
+      p.widened_max_cluster = c.widened_max_cluster;
+    }
   }
   return p;
+}
+
+// "TPCs 0-3" / "GPCs 1-2" / "physical mask 0x..": the partition in a phrase.
+std::string phrase(const Partition& p) {
+  if (p.kind == SpecKind::kGpcList) return "GPCs " + format_list(p.gpcs.bits);
+  if (!p.tpcs.empty()) return "TPCs " + format_list(p.tpcs.bits);
+  return "physical mask " + p.enabled.bits.to_hex();
 }
 
 // How a partition is shown in the form the user asked about: a GPC list
@@ -268,7 +288,9 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
     const topo::DeviceInfo& dev = devices.select(r.device);
     for (const auto& prev : parts)
       if (prev.device == dev.uuid) throw Failure("two partitions given for " + device_label(dev));
-    parts.push_back({dev.uuid, build_partition(r, dev, devices), describe_device(dev)});
+    std::string warning;
+    parts.push_back({dev.uuid, build_partition(r, dev, devices, &warning), describe_device(dev)});
+    if (!warning.empty()) spdlog::warn("{}", warning);
   }
 
   devices.restore_environment();
@@ -278,6 +300,28 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
     if (r.started) std::fprintf(stderr, "%s\n", mps::started_message(r).c_str());
   }
   exec_task(cmd, task_environment(env, shim_dir, encode_partitions(parts), devices.driver_path()));
+}
+
+// What the shim reports about a task, beyond its partition.
+struct TaskStats {
+  std::uint64_t kernels_launched, graphs_following, graphs_not_following, stale_reads, kernels_unmasked;
+  std::uint32_t max_cluster;
+};
+
+TaskStats task_stats(const ctl::Header& h) {
+  auto r64 = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+  return {r64(h.kernels_launched), r64(h.graphs_following), r64(h.graphs_not_following), r64(h.stale_reads),
+          r64(h.kernels_unmasked), h.max_cluster_launched.load(std::memory_order_relaxed)};
+}
+
+// A new partition must host every cluster size the task has launched:
+// otherwise its next clustered launch stops (or, without nvtaskset's check,
+// would wait forever).
+void check_hosts_clusters(pid_t pid, const Partition& next, std::uint32_t launched) {
+  if (launched <= 1 || next.max_cluster == kClusterUnchecked || next.max_cluster >= launched) return;
+  throw Failure("pid " + std::to_string(pid) + " has launched thread-block clusters of " + std::to_string(launched) +
+                " SMs, but " + phrase(next) + " can host at most " + std::to_string(next.max_cluster) +
+                " SMs of one GPC; not changed");
 }
 
 int do_pid(const Options& o) {
@@ -295,6 +339,7 @@ int do_pid(const Options& o) {
   const pid_t pid = parse_pid(pos[0]);
   const auto region = ctl::Region::attach(pid);
   const std::vector<DevicePartition> current = region->read_all();
+  const TaskStats stats = task_stats(region->header());
 
   Devices devices(shim_copies(o.shim_dir), o.topology_file);
 
@@ -312,31 +357,82 @@ int do_pid(const Options& o) {
     return devices.select("");
   };
   if (requests.empty()) requests.push_back({"", SpecKind::kNone, ""});
+  const bool query = requests.size() == 1 && requests[0].kind == SpecKind::kNone;
+  if (o.json && !query) throw Failure("--json with -p only queries: give no new list");
 
+  // Every request is checked before any is written: a change is all or nothing.
+  struct Step {
+    const topo::DeviceInfo* dev;
+    Partition cur, next;
+    SpecKind form;
+    bool change;
+  };
+  std::vector<Step> steps;
   for (const Request& r : requests) {
     const topo::DeviceInfo& dev = r.device.empty() ? default_device() : devices.select(r.device);
-    Partition cur;
+    Step st{&dev, {}, {}, r.kind, r.kind != SpecKind::kNone};
     for (const auto& dp : current)
-      if (dp.device == dev.uuid || dp.device == kAnyDevice) cur = dp.partition;
+      if (dp.device == dev.uuid || dp.device == kAnyDevice) st.cur = dp.partition;
     // A query answers in the terms the partition was set in; a change in
     // the terms of the new value.
-    SpecKind form = r.kind;
-    if (form == SpecKind::kNone)
-      form = cur.kind == SpecKind::kPhysical || cur.kind == SpecKind::kGpcList ? cur.kind : SpecKind::kTpcList;
-    const std::string dev_note = requests.size() > 1 ? " on " + device_label(dev) : std::string();
-    if (r.kind == SpecKind::kNone) {
-      std::printf("pid %d's current %s%s: %s\n", pid, form_name(shown_form(cur, form)), dev_note.c_str(),
-                  describe(cur, form, dev, devices).c_str());
+    if (st.form == SpecKind::kNone)
+      st.form = st.cur.kind == SpecKind::kPhysical || st.cur.kind == SpecKind::kGpcList ? st.cur.kind
+                                                                                         : SpecKind::kTpcList;
+    if (st.change) {
+      std::string warning;
+      st.next = build_partition(r, dev, devices, &warning);
+      check_hosts_clusters(pid, st.next, stats.max_cluster);
+      if (!warning.empty()) spdlog::warn("{}", warning);
+    }
+    steps.push_back(st);
+  }
+
+  if (o.json) {
+    const Step& st = steps[0];
+    nlohmann::json j;
+    j["pid"] = pid;
+    j["device"] = uuid_to_string(st.dev->uuid);
+    j["partitioned"] = st.cur.active();
+    j["kind"] = form_name(shown_form(st.cur, st.form));
+    j["tpcs"] = describe(st.cur, SpecKind::kTpcList, *st.dev, devices);
+    if (st.cur.kind == SpecKind::kGpcList) j["gpcs"] = format_list(st.cur.gpcs.bits);
+    j["physical_mask"] = describe(st.cur, SpecKind::kPhysical, *st.dev, devices);
+    j["max_cluster_hosted"] = st.cur.max_cluster;
+    j["max_cluster"] = stats.max_cluster;
+    j["kernels_launched"] = stats.kernels_launched;
+    j["graphs_following"] = stats.graphs_following;
+    j["graphs_not_following"] = stats.graphs_not_following;
+    j["stale_reads"] = stats.stale_reads;
+    j["kernels_unmasked"] = stats.kernels_unmasked;
+    std::printf("%s\n", j.dump(2).c_str());
+    return 0;
+  }
+
+  for (const Step& st : steps) {
+    const std::string dev_note = steps.size() > 1 ? " on " + device_label(*st.dev) : std::string();
+    if (!st.change) {
+      std::printf("pid %d's current %s%s: %s\n", pid, form_name(shown_form(st.cur, st.form)), dev_note.c_str(),
+                  describe(st.cur, st.form, *st.dev, devices).c_str());
       continue;
     }
-    const Partition next = build_partition(r, dev, devices);
-    const std::string before = describe(cur, form, dev, devices);
-    region->write({dev.uuid, next, describe_device(dev)});
-    std::printf("pid %d's current %s%s: %s\n", pid, form_name(shown_form(cur, form)), dev_note.c_str(),
+    const std::string before = describe(st.cur, st.form, *st.dev, devices);
+    region->write({st.dev->uuid, st.next, describe_device(*st.dev)});
+    std::printf("pid %d's current %s%s: %s\n", pid, form_name(shown_form(st.cur, st.form)), dev_note.c_str(),
                 before.c_str());
-    std::printf("pid %d's new %s%s: %s\n", pid, form_name(form), dev_note.c_str(),
-                describe(next, form, dev, devices).c_str());
+    std::printf("pid %d's new %s%s: %s\n", pid, form_name(st.form), dev_note.c_str(),
+                describe(st.next, st.form, *st.dev, devices).c_str());
   }
+  // A query says more only when there is more to say, so a plain task's
+  // answer stays taskset's one line.
+  if (query && stats.graphs_following + stats.graphs_not_following > 0)
+    std::printf("pid %d's CUDA graphs: %llu follow the partition, %llu cannot\n", pid,
+                static_cast<unsigned long long>(stats.graphs_following),
+                static_cast<unsigned long long>(stats.graphs_not_following));
+  if (query && stats.max_cluster > 0) std::printf("pid %d's largest thread-block cluster: %u\n", pid, stats.max_cluster);
+  if (stats.graphs_not_following > 0)
+    spdlog::warn("pid {} has {} CUDA graph exec(s) that cannot follow partition changes: their kernels keep the TPCs "
+                 "they were encoded with until the program instantiates them again",
+                 pid, stats.graphs_not_following);
   return 0;
 }
 
@@ -418,7 +514,7 @@ int run(int argc, char** argv) {
   app.add_flag("-p,--pid", o.pid_mode, "query or change the TPCs of the running process PID");
   app.add_flag("--no-mps", o.no_mps, "do not start or require the MPS control daemon");
   app.add_flag("--topology", o.show_topology, "print each GPU's GPCs, TPCs, SMs and mask bits");
-  app.add_flag("--json", o.json, "with --topology: print JSON");
+  app.add_flag("--json", o.json, "with --topology, --calibrate or a -p query: print JSON");
   app.add_flag("--calibrate", o.calibrate, "(re)discover the layout of every visible GPU");
   app.add_option("--topology-file", o.topology_file, "use this topology JSON instead of calibrating")
       ->type_name("FILE")
@@ -482,8 +578,8 @@ int run(int argc, char** argv) {
       Devices devices(shim_copies(o.shim_dir), o.topology_file);
       return o.calibrate ? devices.calibrate_all(o.json) : devices.print(o.json);
     }
-    if (o.json) throw Failure("--json goes with --topology");
     if (o.pid_mode) return do_pid(o);
+    if (o.json) throw Failure("--json goes with --topology, --calibrate or -p");
     ctl::Region::remove_stale();
     return do_launch(o, env);
   } catch (const std::exception& e) {
