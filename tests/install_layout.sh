@@ -14,7 +14,7 @@ test -f "$prefix/lib/cmake/nvtaskset/nvtasksetConfig.cmake"
 out=$(NVTASKSET_REAL_LIBCUDA="$fake" FAKECUDA_RECORD="$prefix/record" "$prefix/bin/nvtaskset" --no-mps -t 1 \
       "$launcher" --kernels 1 --print-env LD_LIBRARY_PATH)
 case "$out" in *"$prefix/lib/nvtaskset"*) ;; *) echo "task did not get the installed shim: $out"; exit 1;; esac
-grep -q ' 0xfffffffffffffffd$' "$prefix/record" || { echo "mask not applied: $(cat "$prefix/record")"; exit 1; }
+grep -q ' 0xfffffffffffffffd launch$' "$prefix/record" || { echo "mask not applied: $(cat "$prefix/record")"; exit 1; }
 # A consumer project.
 mkdir -p "$prefix/consumer"
 cat > "$prefix/consumer/CMakeLists.txt" <<'CM'

@@ -49,6 +49,7 @@
 #include "nvtaskset/launch_hook.hpp"
 #include "nvtaskset/partition.hpp"
 #include "nvtaskset/tmd.hpp"
+#include "graphs.hpp"
 
 // Defined by the generated trampolines (gen_trampolines.cmake).
 extern "C" {
@@ -70,6 +71,7 @@ constexpr int kCudaErrorNotFound = 500;                // CUDA_ERROR_NOT_FOUND
 
 constexpr const char* kLogEnv = "NVTASKSET_LOG";
 constexpr const char* kOnUnsupportedEnv = "NVTASKSET_ON_UNSUPPORTED";
+constexpr const char* kOnClusterMisfitEnv = "NVTASKSET_ON_CLUSTER_MISFIT";
 
 // Slot contents when there is no real function. Called with the caller's
 // arguments, which they ignore (the caller cleans up in both ABIs).
@@ -103,6 +105,10 @@ constinit ctl::Header g_local_header{};
 
 std::atomic<bool> g_warn_unsupported{false};      // NVTASKSET_ON_UNSUPPORTED=warn
 std::atomic<bool> g_unsupported_reported{false};  // the one message was written
+std::atomic<bool> g_widen_clusters{false};        // NVTASKSET_ON_CLUSTER_MISFIT=widen
+std::atomic<bool> g_widen_reported{false};
+std::atomic<bool> g_unmasked_reported{false};
+std::atomic<bool> g_stale_reported{false};
 
 // ---- logging -----------------------------------------------------------------------
 // spdlog, to stderr, "nvtaskset[pid]: level: message". The logger is created in
@@ -333,6 +339,7 @@ struct Msg {
 [[gnu::cold, gnu::noinline]] void unsupported_layout(ctl::Header& h, std::uint32_t version) noexcept {
   h.kernels_unsupported.fetch_add(1, std::memory_order_relaxed);
   const bool warn = g_warn_unsupported.load(std::memory_order_relaxed);
+  if (warn) h.kernels_unmasked.fetch_add(1, std::memory_order_relaxed);
   if (!g_unsupported_reported.exchange(true, std::memory_order_acq_rel)) {
     Msg m;
     m.add("nvtaskset[");
@@ -361,16 +368,176 @@ inline void bump(std::atomic<std::uint64_t>& c) noexcept {
   c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
 }
 
+// Writes a one-line message once per flag (cold paths only: a system call).
+void say_once(std::atomic<bool>& flag, const Msg& m) noexcept {
+  if (!flag.exchange(true, std::memory_order_acq_rel)) {
+    [[maybe_unused]] const ssize_t r = ::write(2, m.buf, m.n);
+  }
+}
+
+Msg prefix(std::string_view level) noexcept {
+  Msg m;
+  m.add("nvtaskset[");
+  m.add_uint(static_cast<std::uint64_t>(::getpid()), 10);
+  m.add("]: ");
+  m.add(level);
+  return m;
+}
+
+// "0-3,8" of a 128-bit set, into `m` (no allocation).
+void add_list(Msg& m, std::uint64_t lo, std::uint64_t hi) noexcept {
+  bool first = true;
+  for (unsigned i = 0; i < 128;) {
+    auto test = [&](unsigned k) { return k < 64 ? (lo >> k) & 1u : (hi >> (k - 64)) & 1u; };
+    if (!test(i)) {
+      ++i;
+      continue;
+    }
+    unsigned j = i;
+    while (j + 1 < 128 && test(j + 1)) ++j;
+    if (!first) m.add(",");
+    first = false;
+    m.add_uint(i, 10);
+    if (j > i) {
+      m.add("-");
+      m.add_uint(j, 10);
+    }
+    i = j + 1;
+  }
+}
+
+// ---- a consistent partition, or the last good one --------------------------
+// A reader gives up after ctl::kReadTries (a corrupt region must not make a
+// launch spin). It then applies the last partition this process read
+// consistently from that entry, which the callback remembers once per
+// partition change. The copy is a process-local seqlock whose writer takes
+// it with a compare-exchange only when the entry's generation moved (not on
+// every launch: see bump()), and skips when another thread holds it.
+struct LastGood {
+  std::atomic<std::uint64_t> seq;
+  std::atomic<std::uint64_t> generation;  // the entry generation + 1 it holds; 0 = none yet
+  std::atomic<std::uint64_t> words[6];
+};
+constinit LastGood g_last_good[ctl::kMaxDevices]{};
+
+void remember(unsigned slot, std::uint64_t generation, const ctl::LaunchView& v) noexcept {
+  LastGood& g = g_last_good[slot];
+  if (g.generation.load(std::memory_order_relaxed) == generation + 1) return;
+  std::uint64_t s = g.seq.load(std::memory_order_relaxed);
+  if ((s & 1) || !g.seq.compare_exchange_strong(s, s + 1, std::memory_order_acquire)) return;
+  const std::uint64_t w[6] = {v.enabled_lo, v.enabled_hi, v.max_cluster, v.widened_lo, v.widened_hi,
+                              v.widened_max_cluster};
+  for (int i = 0; i < 6; ++i) g.words[i].store(w[i], std::memory_order_relaxed);
+  g.generation.store(generation + 1, std::memory_order_relaxed);
+  g.seq.store(s + 2, std::memory_order_release);
+}
+
+bool recall(unsigned slot, ctl::LaunchView& v) noexcept {
+  const LastGood& g = g_last_good[slot];
+  for (int t = 0; t < ctl::kReadTries; ++t) {
+    const std::uint64_t s = g.seq.load(std::memory_order_acquire);
+    if (s & 1) continue;
+    const bool have = g.generation.load(std::memory_order_relaxed) != 0;
+    std::uint64_t w[6];
+    for (int i = 0; i < 6; ++i) w[i] = g.words[i].load(std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (g.seq.load(std::memory_order_relaxed) != s) continue;
+    v = {w[0], w[1], w[2], w[3], w[4], w[5]};
+    return have;
+  }
+  return false;
+}
+
+// ---- thread-block clusters ----------------------------------------------------
+// A kernel with clusters of C blocks needs C SMs of ONE GPC inside its
+// partition, or it never runs: the launch is accepted and the process hangs
+// in its next synchronize; under MPS, killing it then wedged the server for
+// every client (docs/hardware.md). The CLI stores the largest cluster each
+// partition hosts; a launch that does not fit is stopped here, before its
+// TMD reaches the GPU, or (widen) moved to the partition's whole GPCs.
+
+void note_cluster(ctl::Header& h, std::uint32_t blocks) noexcept {
+  bump(h.cluster_launches[blocks < ctl::kClusterSlots ? blocks : ctl::kClusterSlots - 1]);
+  if (blocks > h.max_cluster_launched.load(std::memory_order_relaxed))
+    h.max_cluster_launched.store(blocks, std::memory_order_relaxed);
+}
+
+// Returns the enable mask to write (the widened one), or stops the process.
+[[gnu::cold, gnu::noinline]] Bits128 cluster_misfit(ctl::Header& h, const ctl::DeviceEntry& e,
+                                                    const ctl::LaunchView& v, std::uint32_t blocks) noexcept {
+  bump(h.cluster_misfits);
+  const ctl::MaskBuffer& b = e.buffer[e.generation.load(std::memory_order_acquire) & 1];
+  const std::uint64_t tlo = b.tpcs[0].load(std::memory_order_relaxed), thi = b.tpcs[1].load(std::memory_order_relaxed);
+  const bool widen = g_widen_clusters.load(std::memory_order_relaxed);
+  const bool widened_fits = (v.widened_lo | v.widened_hi) != 0 && v.widened_max_cluster >= blocks;
+  Msg m = prefix(widen && widened_fits ? "warning: " : "");
+  m.add("kernel with clusters of ");
+  m.add_uint(blocks, 10);
+  m.add(widen && widened_fits ? " does not fit " : " cannot run on ");
+  if ((tlo | thi) != 0) {
+    m.add("TPCs ");
+    add_list(m, tlo, thi);
+  } else {
+    m.add("physical mask bits ");
+    add_list(m, v.enabled_lo, v.enabled_hi);
+  }
+  m.add(" (at most ");
+  m.add_uint(v.max_cluster, 10);
+  m.add(" SMs of one GPC)");
+  if (widen && widened_fits) {
+    m.add("; running such kernels on the partition's whole GPCs (NVTASKSET_ON_CLUSTER_MISFIT=widen)\n");
+    say_once(g_widen_reported, m);
+    bump(h.clusters_widened);
+    return Bits128{v.widened_lo, v.widened_hi};
+  }
+  if (widen) {
+    m.add(", nor on its whole GPCs (at most ");
+    m.add_uint(v.widened_max_cluster, 10);
+    m.add(")");
+  }
+  m.add("; stopping\n");
+  [[maybe_unused]] const ssize_t r = ::write(2, m.buf, m.n);
+  std::abort();
+}
+
 void on_launch(void* /*userdata*/, int domain, int cbid, const void* params) noexcept {
   void* t = hook::tmd_of(domain, cbid, params);
   if (t == nullptr) return;
+  graphs::note_tmd_built();
   ctl::Header* h = g_header.load(std::memory_order_acquire);
   if (h == nullptr) return;
   bump(h->kernels_launched);
   const ctl::DeviceEntry* e = select_entry(*h);
   if (e == nullptr) return;
-  Bits128 enabled;
-  if (!ctl::read_enabled(*e, enabled.lo, enabled.hi)) return;
+  const auto slot = static_cast<unsigned>(e - h->devices);
+  ctl::LaunchView view;
+  switch (ctl::read_launch_view(*e, view)) {
+    case ctl::ReadResult::kNone:
+      return;
+    case ctl::ReadResult::kOk:
+      // The CLI never writes a partition without a TPC; such a mask hangs
+      // every kernel, so it can only be corruption.
+      if ((view.enabled_lo | view.enabled_hi) != 0) [[likely]] {
+        remember(slot, e->generation.load(std::memory_order_relaxed), view);
+        break;
+      }
+      [[fallthrough]];
+    case ctl::ReadResult::kInconsistent:
+      if (!recall(slot, view)) {
+        bump(h->kernels_unmasked);
+        Msg m = prefix("warning: ");
+        m.add("the control region holds no readable partition; kernels run on all TPCs\n");
+        say_once(g_unmasked_reported, m);
+        return;
+      }
+      bump(h->stale_reads);
+      {
+        Msg m = prefix("warning: ");
+        m.add("the control region cannot be read consistently; using the last partition read\n");
+        say_once(g_stale_reported, m);
+      }
+      break;
+  }
   const tmd::VersionBytes v = tmd::read_version(t);
   const tmd::Layout layout = tmd::detect(v);
   const std::uint32_t version = tmd::version_byte(v);
@@ -379,6 +546,13 @@ void on_launch(void* /*userdata*/, int domain, int cbid, const void* params) noe
     unsupported_layout(*h, version);
     return;
   }
+  Bits128 enabled{view.enabled_lo, view.enabled_hi};
+  const std::uint32_t blocks = tmd::cluster_blocks(t, layout, v);
+  if (blocks != 0 && blocks != tmd::kClusterShapeUnknown) [[unlikely]] {
+    note_cluster(*h, blocks);
+    if (view.max_cluster != kClusterUnchecked && blocks > view.max_cluster)
+      enabled = cluster_misfit(*h, *e, view, blocks);
+  }
   // The TMD takes the complement: a set bit disables a TPC (FACTS.md).
   tmd::write_disable_mask(t, layout, ~enabled);
   bump(h->kernels_masked);
@@ -386,7 +560,22 @@ void on_launch(void* /*userdata*/, int domain, int cbid, const void* params) noe
 
 // ---- process lifetime ---------------------------------------------------------------
 
+// At debug level: which cluster sizes this process launched (the histogram
+// the callback keeps), so a user can tell what a library needs.
+void log_cluster_sizes() {
+  const ctl::Header* h = g_header.load(std::memory_order_acquire);
+  if (h == nullptr || g_logger == nullptr || !g_logger->should_log(spdlog::level::debug)) return;
+  std::string sizes;
+  for (unsigned c = 1; c < ctl::kClusterSlots; ++c)
+    if (const std::uint64_t n = h->cluster_launches[c].load(std::memory_order_relaxed))
+      sizes += (sizes.empty() ? "" : ", ") + std::to_string(c) + (c + 1 == ctl::kClusterSlots ? "+" : "") + ":" +
+               std::to_string(n);
+  log(spdlog::level::debug, "cluster sizes launched: {} ({} kernels in all)", sizes.empty() ? "none" : sizes,
+      h->kernels_launched.load(std::memory_order_relaxed));
+}
+
 void unlink_at_exit() {
+  log_cluster_sizes();
   // Only the creator removes its region: a fork child that inherited this
   // handler but failed to make its own must not remove its parent's.
   ctl::Region* r = g_region.load(std::memory_order_acquire);
@@ -403,7 +592,16 @@ void atfork_child() {
   g_log_mu = PTHREAD_MUTEX_INITIALIZER;
   ctl::Header* old = g_header.load(std::memory_order_acquire);
   if (old == nullptr) return;  // the init stopped before creating a region
-  const std::vector<DevicePartition> parts = ctl::read_all(*old);
+  std::vector<DevicePartition> parts;
+  try {
+    parts = ctl::read_all(*old);
+  } catch (const std::exception&) {
+    // A corrupt parent region: the child keeps reading it, and the callback
+    // applies the last partition read (g_last_good, inherited by the fork).
+    log(spdlog::level::warn, "after fork: the parent's control region is corrupt; this process keeps the last "
+        "partition read, and `nvtaskset -p` cannot reach it");
+    return;
+  }
   const std::uint32_t registered = old->callback_registered.load(std::memory_order_relaxed);
   try {
     auto region = ctl::Region::create_for_self(parts);
@@ -432,6 +630,9 @@ void fill_slots(void* real) {
   const char* name = nvtaskset_export_names;
   for (std::uint32_t i = 0; i < nvtaskset_export_count && *name != '\0'; ++i, name = next_name(name)) {
     void* p = real != nullptr ? ::dlsym(real, name) : fn_addr(&stub_init_failed);
+    // The graph entry points go through graphs.cpp (re-encoding on change).
+    if (real != nullptr)
+      if (void* w = graphs::wrap_export(name, p, real)) p = w;
     if (p == nullptr) p = fn_addr(&stub_not_found);
     // Release: a thread whose trampoline sees this pointer also sees the
     // subscription made before it (x86-64 loads are acquire; the aarch64
@@ -453,6 +654,11 @@ void run_init() {
         on_unsupported);
   }
   const bool warn_only = g_warn_unsupported.load(std::memory_order_relaxed);
+  if (const char* v = std::getenv(kOnClusterMisfitEnv); v != nullptr && *v != '\0') {
+    if (std::string_view(v) == "widen") g_widen_clusters.store(true, std::memory_order_relaxed);
+    else if (std::string_view(v) != "abort")
+      log(spdlog::level::warn, "{}={}: unknown value (abort or widen); using abort", kOnClusterMisfitEnv, v);
+  }
 
   const std::vector<DevicePartition> initial = initial_partitions();
 
@@ -498,13 +704,21 @@ void run_init() {
     else
       log(spdlog::level::debug, "{}", e.what());
   }
+  header->cluster_policy.store(g_widen_clusters.load(std::memory_order_relaxed) ? 1 : 0, std::memory_order_relaxed);
   g_header.store(header, std::memory_order_release);
+  graphs::set_header(&g_header);
+  graphs::set_warn([](const char* m) { log(spdlog::level::warn, "{}", m); });
   std::atexit(unlink_at_exit);
   ::pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
   // What applies now: `initial`, unless the region already existed (an
   // earlier image of this process before execve(), or another copy of the
   // shim), whose live partitions then stay in force.
-  const std::vector<DevicePartition> current = ctl::read_all(*header);
+  std::vector<DevicePartition> current = initial;
+  try {
+    current = ctl::read_all(*header);
+  } catch (const std::exception& e) {
+    log(spdlog::level::warn, "{}", e.what());
+  }
   const bool active = any_active(current);
   log(spdlog::level::info, "partition: {}", describe(current));
 

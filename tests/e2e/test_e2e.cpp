@@ -47,6 +47,7 @@ const std::string kShim = NVTASKSET_E2E_SHIM;
 const std::string kFake = NVTASKSET_E2E_FAKE;
 const std::string kLauncher = NVTASKSET_E2E_LAUNCHER;
 const std::string kLauncherDlopen = NVTASKSET_E2E_LAUNCHER_DLOPEN;
+const std::string kGraphLauncher = NVTASKSET_E2E_GRAPH_LAUNCHER;
 
 std::string shim_dir() { return fs::path(kShim).parent_path().string(); }
 
@@ -149,10 +150,11 @@ struct Record {
   std::string layout;
   int valid = -1;
   std::string mask;
+  std::string source;  // "launch", or "graph<grid width>" for a graph kernel node
 };
 
 std::ostream& operator<<(std::ostream& os, const Record& r) {
-  return os << r.pid << " " << r.layout << " " << r.valid << " " << r.mask;
+  return os << r.pid << " " << r.layout << " " << r.valid << " " << r.mask << " " << r.source;
 }
 
 // A started child process, in its own process group.
@@ -323,7 +325,7 @@ class E2E : public ::testing::Test {
     for (const auto& l : lines_of(text)) {
       std::istringstream in(l);
       Record r;
-      in >> r.pid >> r.layout >> r.valid >> r.mask;
+      in >> r.pid >> r.layout >> r.valid >> r.mask >> r.source;
       out.push_back(r);
     }
     return out;
@@ -1202,6 +1204,290 @@ TEST_F(E2E, HelpNamesTheOptions) {
   for (const std::string opt : {"-p", "-t", "--physical", "--no-mps"})
     EXPECT_TRUE(std::regex_search(r.out, std::regex("(^|[\\s,\\[])" + opt + "([\\s,=\\]]|$)")))
         << "--help does not mention " << opt << r;
+}
+
+// --- 15: CUDA graphs follow live changes ------------------------------------------------------
+// The stand-in builds a graph kernel node's TMD at upload or first launch and
+// replays reuse it, as the H200 does (docs/hardware.md): without the shim's
+// re-encoding, every replay after a change would keep the old mask.
+
+// Every record of `pid` from a graph kernel node, from index `from` on.
+std::vector<Record> graph_records(const std::vector<Record>& all, long pid, std::size_t from = 0) {
+  std::vector<Record> out;
+  for (std::size_t i = from; i < all.size(); ++i)
+    if (all[i].pid == pid && all[i].source.starts_with("graph")) out.push_back(all[i]);
+  return out;
+}
+
+struct GraphCase {
+  std::string mode;
+  int threads;
+};
+
+class GraphReplays : public E2E, public ::testing::WithParamInterface<GraphCase> {
+ protected:
+  // Starts the graph launcher under `-t 0-3`, then makes `changes` live
+  // changes and checks that every replay that began after each `-p` returned
+  // ran on the new TPCs. Returns the pid.
+  long follow_changes(const std::string& mode, int threads, int changes, const Env& env) {
+    const std::string until = path("until"), ready = path("ready");
+    Proc& p = start({kCli, "--no-mps", "-t", "0-3", kGraphLauncher, "--mode", mode, "--nodes", "2", "--threads",
+                     std::to_string(threads), "--until-file", until, "--interval-ms", "2", "--ready-file", ready},
+                    env);
+    const long pid = wait_ready(ready, p);
+    if (pid <= 0) {
+      ADD_FAILURE() << p.wait();
+      return -1;
+    }
+    const std::string spid = std::to_string(pid);
+    // Before any change: the launch partition.
+    for (const auto& rec : graph_records(records(), pid)) EXPECT_EQ(rec.mask, disable64(0xf)) << rec;
+    std::uint32_t seed = 2026;
+    for (int c = 0; c < changes; ++c) {
+      seed = seed * 1664525u + 1013904223u;
+      const std::uint64_t enabled = ((seed >> 8) & 0xff) | 1;  // never empty
+      std::string list;
+      for (unsigned k = 0; k < 8; ++k)
+        if (enabled >> k & 1) list += (list.empty() ? "" : ",") + std::to_string(k);
+      const Result q = run({kCli, "-p", "-t", list, spid});
+      const std::size_t before = records().size();
+      EXPECT_TRUE(ExitedWith(q, 0)) << q;
+      // A replay already past its check when the change landed may still
+      // carry the old mask: one per thread, two kernels each.
+      std::vector<Record> after;
+      wait_until([&] {
+        after = graph_records(records(), pid, before);
+        return after.size() >= static_cast<std::size_t>(2 * threads + 6);
+      });
+      if (after.size() < static_cast<std::size_t>(2 * threads + 6)) {
+        ADD_FAILURE() << "change " << c << ": only " << after.size() << " replays after it";
+        return -1;
+      }
+      for (std::size_t i = 2 * threads; i < after.size(); ++i)
+        EXPECT_EQ(after[i].mask, disable64(enabled)) << "change " << c << " to " << list << ": " << after[i];
+    }
+    return pid;
+  }
+};
+
+TEST_P(GraphReplays, EveryReplayAfterAChangeRunsOnTheNewTpcs) {
+  const GraphCase c = GetParam();
+  const long pid = follow_changes(c.mode, c.threads, 10, env_);
+  ASSERT_GT(pid, 0);
+  // The query reports the execs that follow (one per thread) and none that cannot.
+  const Result q = run({kCli, "-p", std::to_string(pid)});
+  EXPECT_TRUE(ExitedWith(q, 0)) << q;
+  EXPECT_NE(q.out.find("pid " + std::to_string(pid) + "'s CUDA graphs: " + std::to_string(c.threads) +
+                       " follow the partition, 0 cannot\n"),
+            std::string::npos)
+      << q;
+  touch(path("until"));
+  for (auto& p : procs_)
+    if (p->pid == pid) {
+      const Result r = p->wait();
+      EXPECT_TRUE(ExitedWith(r, 0)) << r;
+      EXPECT_EQ(r.err.find("warning"), std::string::npos) << r;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, GraphReplays,
+                         ::testing::Values(GraphCase{"plain", 1}, GraphCase{"child", 1}, GraphCase{"destroyed", 1},
+                                           GraphCase{"update", 1}, GraphCase{"upload", 1}, GraphCase{"plain", 3}),
+                         [](const auto& info) { return info.param.mode + std::to_string(info.param.threads); });
+
+TEST_F(E2E, GraphNodeTheProgramDisabledStaysDisabled) {
+  const std::string until = path("until"), ready = path("ready");
+  Proc& p = start({kCli, "--no-mps", "-t", "0-3", kGraphLauncher, "--mode", "disabled", "--nodes", "2",
+                   "--until-file", until, "--interval-ms", "2", "--ready-file", ready});
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0) << p.wait();
+  const std::size_t first = records().size();
+  for (const std::string list : {"4-5", "1", "0-7", "6"}) {
+    const Result q = run({kCli, "-p", "-t", list, std::to_string(pid)});
+    EXPECT_TRUE(ExitedWith(q, 0)) << q;
+    const std::size_t before = records().size();
+    std::vector<Record> after;
+    wait_until([&] { return (after = graph_records(records(), pid, before)).size() >= 4; });
+    ASSERT_GE(after.size(), 4u);
+  }
+  // Node 2 (grid width 2) was disabled after the first replay: it never ran
+  // again, although the shim re-encoded the exec four times.
+  const auto later = graph_records(records(), pid, first + 2);
+  ASSERT_FALSE(later.empty());
+  for (const auto& rec : later) EXPECT_EQ(rec.source, "graph1") << rec;
+  EXPECT_EQ(later.back().mask, disable64(0x40)) << later.back();
+  touch(until);
+  EXPECT_TRUE(ExitedWith(p.wait(), 0));
+}
+
+// What the driver does with a kernel node inside a child graph is not
+// measured yet; whatever it does, the shim must never claim a partition the
+// replays do not get: it checks that the driver re-encoded, and says so.
+class ChildGraphDriver : public E2E, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(ChildGraphDriver, AnExecTheDriverWillNotReencodeIsReportedNotTrusted) {
+  Env env = env_;
+  env["FAKECUDA_CHILD_NODES"] = GetParam();
+  const std::string until = path("until"), ready = path("ready");
+  Proc& p = start({kCli, "--no-mps", "-t", "0-3", kGraphLauncher, "--mode", "child", "--nodes", "2", "--until-file",
+                   until, "--interval-ms", "2", "--ready-file", ready},
+                  env);
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0) << p.wait();
+  const std::string spid = std::to_string(pid);
+  Result q = run({kCli, "-p", spid});
+  EXPECT_NE(q.out.find("CUDA graphs: 1 follow the partition, 0 cannot"), std::string::npos) << q;
+  q = run({kCli, "-p", "-t", "4-7", spid});
+  ASSERT_TRUE(ExitedWith(q, 0)) << q;
+  const std::size_t before = records().size();
+  wait_until([&] { return graph_records(records(), pid, before).size() >= 4; });
+  // After the next replay the shim knows: the query says so.
+  ASSERT_TRUE(wait_until([&] {
+    return run({kCli, "-p", spid}).out.find("CUDA graphs: 0 follow the partition, 1 cannot") != std::string::npos;
+  }));
+  q = run({kCli, "-p", spid});
+  EXPECT_NE(q.err.find("cannot follow partition changes"), std::string::npos) << q;
+  q = run({kCli, "-p", "--json", spid});
+  EXPECT_NE(q.out.find("\"graphs_not_following\": 1"), std::string::npos) << q;
+  touch(until);
+  const Result r = p.wait();
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  // ...and the task said it once on stderr.
+  EXPECT_NE(r.err.find("a CUDA graph cannot follow partition changes"), std::string::npos) << r;
+}
+
+INSTANTIATE_TEST_SUITE_P(Answers, ChildGraphDriver, ::testing::Values("refuse", "ignore"));
+
+// --- 16: thread-block clusters never hang ------------------------------------------------------
+// On the stand-in Hopper layout (hopper_topology_json): GPC 0 = TPCs 0,2,4,6
+// (clusters up to 8), GPC 1 = TPCs 1,3,5 (up to 4), TPC 7 of unknown GPC.
+// `-t 0-1` has 2 SMs of each GPC: clusters of at most 2.
+
+TEST_F(TopologyFile, ClusterThatCannotFitStopsTheTaskBeforeItLaunches) {
+  for (const std::string mode : {"eager", "plain"}) {
+    ::unlink(record_.c_str());
+    const auto t0 = std::chrono::steady_clock::now();
+    const Result r = run({kCli, "--no-mps", "--topology-file", file_, "-t", "0-1", kGraphLauncher, "--mode", mode,
+                          "--cluster", "8", "--nodes", "1"});
+    const auto took = std::chrono::steady_clock::now() - t0;
+    EXPECT_FALSE(r.timed_out) << r;
+    EXPECT_FALSE(r.exited) << r;
+    EXPECT_EQ(r.signal, SIGABRT) << r;
+    EXPECT_LT(took, 5s);
+    EXPECT_NE(r.err.find("]: kernel with clusters of 8 cannot run on TPCs 0-1 (at most 2 SMs of one GPC); stopping\n"),
+              std::string::npos)
+        << mode << r;
+    EXPECT_TRUE(records().empty()) << mode << ": a kernel reached the GPU: " << read_file(record_);
+  }
+}
+
+TEST_F(TopologyFile, ClusterThatFitsRuns) {
+  // -g 0 hosts 8; -t 0,2 hosts 4; every launch of a fitting cluster runs.
+  Result r = run({kCli, "--no-mps", "--topology-file", file_, "-g", "0", kGraphLauncher, "--mode", "eager",
+                  "--cluster", "8", "--nodes", "1", "--replays", "3"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  auto recs = records();
+  ASSERT_EQ(recs.size(), 3u);
+  for (const auto& rec : recs) EXPECT_EQ(rec.mask, hopper_disable({0, 2, 4, 6})) << rec;
+  ::unlink(record_.c_str());
+  r = run({kCli, "--no-mps", "--topology-file", file_, "-t", "0,2", kGraphLauncher, "--mode", "plain", "--cluster",
+           "4", "--nodes", "1", "--replays", "2"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(records().size(), 2u);
+}
+
+TEST_F(TopologyFile, WidenRunsTheMisfitOnThePartitionsWholeGpcs) {
+  Env env = env_;
+  env["NVTASKSET_ON_CLUSTER_MISFIT"] = "widen";
+  Result r = run({kCli, "--no-mps", "--topology-file", file_, "-t", "0-1", kGraphLauncher, "--mode", "eager",
+                  "--cluster", "8", "--nodes", "1", "--replays", "2"},
+                 env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  auto recs = records();
+  ASSERT_EQ(recs.size(), 2u);
+  // TPCs 0 and 1 touch GPCs 0 and 1: the misfit ran on all their TPCs.
+  for (const auto& rec : recs) EXPECT_EQ(rec.mask, hopper_disable({0, 1, 2, 3, 4, 5, 6})) << rec;
+  EXPECT_NE(r.err.find("does not fit TPCs 0-1 (at most 2 SMs of one GPC); running such kernels on the partition's "
+                       "whole GPCs"),
+            std::string::npos)
+      << r;
+  // Kernels without clusters keep the partition itself.
+  ::unlink(record_.c_str());
+  r = run({kCli, "--no-mps", "--topology-file", file_, "-t", "0-1", kGraphLauncher, "--mode", "eager", "--nodes", "1"},
+          env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  recs = records();
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs[0].mask, hopper_disable({0, 1}));
+  // When even the whole GPCs cannot host it (16 > 8), it stops.
+  ::unlink(record_.c_str());
+  r = run({kCli, "--no-mps", "--topology-file", file_, "-t", "0-1", kGraphLauncher, "--mode", "eager", "--cluster",
+           "16", "--nodes", "1"},
+          env);
+  EXPECT_EQ(r.signal, SIGABRT) << r;
+  EXPECT_NE(r.err.find("cannot run on TPCs 0-1 (at most 2 SMs of one GPC), nor on its whole GPCs (at most 8); "
+                       "stopping"),
+            std::string::npos)
+      << r;
+  EXPECT_TRUE(records().empty());
+}
+
+TEST_F(TopologyFile, LiveChangeMustHostTheClustersTheTaskLaunched) {
+  const std::string until = path("until"), ready = path("ready");
+  Proc& p = start({kCli, "--no-mps", "--topology-file", file_, "-g", "0", kGraphLauncher, "--mode", "plain",
+                   "--cluster", "8", "--nodes", "1", "--until-file", until, "--interval-ms", "2", "--ready-file",
+                   ready});
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0) << p.wait();
+  const std::string spid = std::to_string(pid);
+  Result q = run({kCli, "-p", "--topology-file", file_, spid});
+  ASSERT_TRUE(ExitedWith(q, 0)) << q;
+  EXPECT_EQ(q.out, pid_line(pid, "current GPC list", "0") +
+                       pid_line(pid, "CUDA graphs", "1 follow the partition, 0 cannot") +
+                       pid_line(pid, "largest thread-block cluster", "8"))
+      << q;
+  // 2 SMs of one GPC cannot host clusters of 8: refused, nothing changed.
+  q = run({kCli, "-p", "--topology-file", file_, "-t", "0-1", spid});
+  EXPECT_TRUE(FailedWithOneLine(q)) << q;
+  EXPECT_NE(q.err.find("has launched thread-block clusters of 8 SMs, but TPCs 0-1 can host at most 2 SMs of one GPC"),
+            std::string::npos)
+      << q;
+  q = run({kCli, "-p", "--topology-file", file_, spid});
+  EXPECT_TRUE(q.out.starts_with(pid_line(pid, "current GPC list", "0"))) << q;
+  // A list that hosts 8 is accepted, and the replays follow it.
+  q = run({kCli, "-p", "--topology-file", file_, "-t", "6,4,2,0", spid});
+  ASSERT_TRUE(ExitedWith(q, 0)) << q;
+  const std::size_t before = records().size();
+  std::vector<Record> after;
+  wait_until([&] { return (after = graph_records(records(), pid, before)).size() >= 3; });
+  ASSERT_GE(after.size(), 3u);
+  EXPECT_EQ(after.back().mask, hopper_disable({0, 2, 4, 6}));
+  q = run({kCli, "-p", "--json", "--topology-file", file_, spid});
+  EXPECT_NE(q.out.find("\"max_cluster\": 8"), std::string::npos) << q;
+  EXPECT_NE(q.out.find("\"max_cluster_hosted\": 8"), std::string::npos) << q;
+  touch(until);
+  EXPECT_TRUE(ExitedWith(p.wait(), 0));
+}
+
+TEST_F(TopologyFile, LaunchSuggestsAGpcAlignedListThatHostsClusters) {
+  // -t 0-3 holds 2 TPCs of GPC 0 and 2 of GPC 1: clusters of 4 at most, while
+  // GPC 0 alone (TPCs 0,2,4,6) hosts the portable size 8.
+  const Result r = run({kCli, "--no-mps", "--topology-file", file_, "-t", "0-3", "true"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_NE(r.err.find("cannot run thread-block clusters larger than 4 (the GPU runs up to 8); a GPC-aligned list of "
+                       "the same size hosts clusters of 8: -t 0,2,4,6"),
+            std::string::npos)
+      << r;
+}
+
+TEST_F(TopologyFile, DebugLogNamesTheClusterSizesLaunched) {
+  Env env = env_;
+  env["NVTASKSET_LOG"] = "debug";
+  const Result r = run({kCli, "--no-mps", "--topology-file", file_, "-g", "0", kGraphLauncher, "--mode", "eager",
+                        "--cluster", "4", "--nodes", "1", "--replays", "3"},
+                       env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_NE(r.err.find("cluster sizes launched: 4:3 (3 kernels in all)"), std::string::npos) << r;
 }
 
 }  // namespace

@@ -16,11 +16,30 @@
 //   FAKECUDA_CC            compute capability "major.minor" (default 8.6)
 //   FAKECUDA_TMD_LAYOUT    v1|v3|v4|v5|unknown (default from CC: <9 v3, 9.x v4, >=10 v5)
 //   FAKECUDA_INITIAL_MASK  hex disable mask written before the callbacks run
-//   FAKECUDA_RECORD        file; each launch appends
-//                          "<pid> <layout> <valid 0|1> <disable mask 0x hex>"
+//   FAKECUDA_RECORD        file; each kernel that runs appends
+//                          "<pid> <layout> <valid 0|1> <disable mask 0x hex> <source>"
+//                          where <source> is "launch" (cuLaunchKernel*) or
+//                          "graph<gridDimX>" (a graph kernel node, told apart
+//                          by its grid width)
+//   FAKECUDA_CHILD_NODES   accept|refuse|ignore: what cuGraphNodeSetEnabled
+//                          does with a kernel node of a child graph (default
+//                          accept; see "CUDA graphs" below)
 // The layout field gets a trailing '!' when a callback changed any TMD byte
 // outside the mask field and its valid bit: a shim writing at the wrong
 // offsets must not go unnoticed.
+//
+// CUDA graphs, as measured on an H200 with driver 580.159.04
+// (docs/hardware.md, "CUDA graphs"): a kernel node's TMD is built, and the
+// TMD-upload callbacks run, at cuGraphUpload or the exec's first launch;
+// replays reuse it. Changing a node's enabled state on the exec, or its grid
+// (cuGraphExecKernelNodeSetParams, cuGraphExecUpdate), makes the next upload
+// or launch build it again; cuGraphExecUpdate with unchanged parameters does
+// not. Node handles of a destroyed graph are invalid. Whether the driver lets
+// cuGraphNodeSetEnabled reach a kernel node inside a child graph is NOT
+// measured yet: FAKECUDA_CHILD_NODES lets tests cover each answer (accepted
+// and re-encoded, refused, or accepted without effect).
+// Cluster dimensions (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, on cuLaunchKernelEx
+// or a kernel node) are written into the TMD where the layout keeps them.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -33,6 +52,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,9 +65,14 @@
 // the legacy and the versioned symbols, so the stand-in does too.
 #undef cuGetProcAddress
 #undef cuDeviceGetUuid
+#undef cuGraphInstantiate
+#undef cuGraphExecUpdate
 extern "C" {
 CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
 CUresult CUDAAPI cuDeviceGetUuid(CUuuid* uuid, CUdevice dev);
+CUresult CUDAAPI cuGraphInstantiate(CUgraphExec* exec, CUgraph graph, CUgraphNode* err, char* log, size_t size);
+CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec* exec, CUgraph graph, CUgraphNode* err, char* log, size_t size);
+CUresult CUDAAPI cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode* err, CUgraphExecUpdateResult* res);
 }
 #pragma GCC visibility pop
 
@@ -91,7 +116,10 @@ constexpr LayoutSpec kLayouts[] = {
     {"unknown", tmd::Layout::kUnknown, 0x06, 0},
 };
 
+enum class ChildNodes { kAccept, kRefuse, kIgnore };
+
 struct Config {
+  ChildNodes child_nodes = ChildNodes::kAccept;
   int devices = 1;
   unsigned sm_count = 16;
   int cc_major = 8;
@@ -145,6 +173,12 @@ Config load_config() {
   if (!c.layout) fatal("bad value for FAKECUDA_TMD_LAYOUT (v1|v3|v4|v5|unknown)", want);
   if (const char* v = std::getenv("FAKECUDA_INITIAL_MASK")) c.initial_mask = parse_hex128("FAKECUDA_INITIAL_MASK", v);
   if (const char* v = std::getenv("FAKECUDA_RECORD")) c.record_path = v;
+  if (const char* v = std::getenv("FAKECUDA_CHILD_NODES")) {
+    if (std::strcmp(v, "accept") == 0) c.child_nodes = ChildNodes::kAccept;
+    else if (std::strcmp(v, "refuse") == 0) c.child_nodes = ChildNodes::kRefuse;
+    else if (std::strcmp(v, "ignore") == 0) c.child_nodes = ChildNodes::kIgnore;
+    else fatal("bad value for FAKECUDA_CHILD_NODES (accept|refuse|ignore)", v);
+  }
   return c;
 }
 
@@ -264,7 +298,7 @@ int record_fd() {
   return fd;
 }
 
-void record(const char* layout_name, bool corrupted, bool valid, const Bits128& mask) {
+void record(const char* layout_name, bool corrupted, bool valid, const Bits128& mask, const char* source) {
   const int fd = record_fd();
   if (fd < 0) return;
   char hex[40];
@@ -273,9 +307,9 @@ void record(const char* layout_name, bool corrupted, bool valid, const Bits128& 
                   static_cast<unsigned long long>(mask.lo));
   else
     std::snprintf(hex, sizeof hex, "%llx", static_cast<unsigned long long>(mask.lo));
-  char line[128];
-  const int n = std::snprintf(line, sizeof line, "%d %s%s %d 0x%s\n", static_cast<int>(::getpid()), layout_name,
-                              corrupted ? "!" : "", valid ? 1 : 0, hex);
+  char line[160];
+  const int n = std::snprintf(line, sizeof line, "%d %s%s %d 0x%s %s\n", static_cast<int>(::getpid()), layout_name,
+                              corrupted ? "!" : "", valid ? 1 : 0, hex, source);
   // One write() per line on an O_APPEND file: lines from concurrent threads
   // and processes never interleave.
   if (::write(fd, line, static_cast<std::size_t>(n)) != n) fatal("short write to FAKECUDA_RECORD", nullptr);
@@ -308,14 +342,26 @@ bool changed_outside_mask(const unsigned char* before, const unsigned char* afte
   return false;
 }
 
-CUresult launch() {
-  if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
+// Cluster shape of a launch: 0 0 0 without clusters.
+struct Cluster {
+  unsigned x = 0, y = 0, z = 0;
+};
+
+// A TMD as the driver leaves it for the hardware: built, the callbacks run.
+struct Tmd {
+  alignas(16) unsigned char image[kTmdBytes] = {};
+  bool corrupted = false;  // a callback wrote outside the mask field
+};
+
+// Builds a TMD for one kernel and runs the TMD-upload callbacks on it.
+void build_tmd(Tmd& out, const Cluster& cl) {
   const Config& c = config();
   const LayoutSpec& spec = *c.layout;
-
-  alignas(16) unsigned char image[kTmdBytes] = {};
+  std::memset(out.image, 0, kTmdBytes);
+  unsigned char* image = out.image;
   image[72] = spec.byte72;
   image[58] = spec.byte58;
+  if (cl.x) tmd::write_cluster_shape(image, spec.layout, cl.x, cl.y ? cl.y : 1, cl.z ? cl.z : 1);
   // CUDA writes its own per-stream mask before the callback runs (FACTS.md).
   // An unknown layout has no mask field; the stand-in puts the initial mask
   // where V03 keeps it, so a shim that wrongly treats it as V03 shows up.
@@ -344,17 +390,136 @@ CUresult launch() {
       sub.callback.load(std::memory_order_relaxed)(sub.userdata.load(std::memory_order_relaxed), hook::kDomainLaunch,
                                                    hook::kCbidTmdUpload, params);
   }
+  out.corrupted = changed_outside_mask(before, image, spec.layout);
+}
 
+// The hardware runs a kernel with this TMD: record what it was told.
+void run_tmd(const Tmd& t, const char* source) {
+  const LayoutSpec& spec = *config().layout;
   Bits128 mask;
   bool valid = false;
   if (spec.layout == tmd::Layout::kUnknown) {
-    mask.lo = tmd::load32(image + 84) | (std::uint64_t{tmd::load32(image + 88)} << 32);
+    mask.lo = tmd::load32(t.image + 84) | (std::uint64_t{tmd::load32(t.image + 88)} << 32);
   } else {
-    mask = tmd::read_disable_mask(image, spec.layout);
-    valid = tmd::mask_valid(image, spec.layout);
+    mask = tmd::read_disable_mask(t.image, spec.layout);
+    valid = tmd::mask_valid(t.image, spec.layout);
   }
-  record(spec.name, changed_outside_mask(before, image, spec.layout), valid, mask);
+  record(spec.name, t.corrupted, valid, mask, source);
+}
+
+CUresult launch(const Cluster& cl = {}) {
+  if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
+  Tmd t;
+  build_tmd(t, cl);
+  run_tmd(t, "launch");
   return CUDA_SUCCESS;
+}
+
+// --- CUDA graphs ----------------------------------------------------------------
+struct FakeGraph;
+struct FakeNode {
+  CUgraphNodeType type = CU_GRAPH_NODE_TYPE_EMPTY;
+  unsigned grid[3] = {1, 1, 1};
+  Cluster cluster;
+  FakeGraph* owner = nullptr;
+  FakeGraph* child = nullptr;  // CU_GRAPH_NODE_TYPE_GRAPH: the embedded copy
+};
+struct FakeGraph {
+  std::vector<FakeNode*> nodes;
+  bool embedded = false;  // a child graph node's copy, owned by that node
+};
+// One kernel of an exec, identified by the node it came from.
+struct ExecKernel {
+  const FakeNode* node;  // the source node (or the embedded node of a child graph)
+  bool in_child;
+  unsigned grid[3];
+  Cluster cluster;
+  bool enabled = true;
+  bool dirty = true;  // its TMD must be built at the next upload or launch
+  Tmd tmd;
+};
+struct FakeExec {
+  std::vector<ExecKernel> kernels;
+};
+
+std::mutex g_graph_mutex;  // graph objects are the program's to serialise; this guards the live sets
+std::set<const FakeNode*> g_live_nodes;
+std::set<const FakeGraph*> g_live_graphs;
+std::set<const FakeExec*> g_live_execs;
+
+bool live_graph(CUgraph g) {
+  std::lock_guard lock(g_graph_mutex);
+  return g_live_graphs.count(reinterpret_cast<const FakeGraph*>(g)) != 0;
+}
+bool live_node(CUgraphNode n) {
+  std::lock_guard lock(g_graph_mutex);
+  return g_live_nodes.count(reinterpret_cast<const FakeNode*>(n)) != 0;
+}
+FakeExec* live_exec(CUgraphExec e) {
+  std::lock_guard lock(g_graph_mutex);
+  auto* x = reinterpret_cast<FakeExec*>(e);
+  return g_live_execs.count(x) ? x : nullptr;
+}
+
+FakeGraph* new_graph(bool embedded) {
+  auto* g = new FakeGraph;
+  g->embedded = embedded;
+  std::lock_guard lock(g_graph_mutex);
+  g_live_graphs.insert(g);
+  return g;
+}
+FakeNode* add_node(FakeGraph* g, CUgraphNodeType type) {
+  auto* n = new FakeNode;
+  n->type = type;
+  n->owner = g;
+  g->nodes.push_back(n);
+  std::lock_guard lock(g_graph_mutex);
+  g_live_nodes.insert(n);
+  return n;
+}
+void destroy_graph(FakeGraph* g) {
+  for (FakeNode* n : g->nodes) {
+    if (n->child) destroy_graph(n->child);
+    std::lock_guard lock(g_graph_mutex);
+    g_live_nodes.erase(n);
+    delete n;
+  }
+  std::lock_guard lock(g_graph_mutex);
+  g_live_graphs.erase(g);
+  delete g;
+}
+// A child graph node holds a copy of the graph it was given (as CUDA does).
+FakeGraph* clone_graph(const FakeGraph* src) {
+  FakeGraph* g = new_graph(true);
+  for (const FakeNode* n : src->nodes) {
+    FakeNode* c = add_node(g, n->type);
+    std::memcpy(c->grid, n->grid, sizeof c->grid);
+    c->cluster = n->cluster;
+    if (n->child) c->child = clone_graph(n->child);
+  }
+  return g;
+}
+void collect_kernels(const FakeGraph* g, bool in_child, std::vector<ExecKernel>& out) {
+  for (const FakeNode* n : g->nodes) {
+    if (n->type == CU_GRAPH_NODE_TYPE_KERNEL) {
+      ExecKernel k{n, in_child, {n->grid[0], n->grid[1], n->grid[2]}, n->cluster};
+      out.push_back(k);
+    } else if (n->type == CU_GRAPH_NODE_TYPE_GRAPH && n->child) {
+      collect_kernels(n->child, true, out);
+    }
+  }
+}
+ExecKernel* exec_kernel(FakeExec* x, CUgraphNode node) {
+  for (auto& k : x->kernels)
+    if (k.node == reinterpret_cast<const FakeNode*>(node)) return &k;
+  return nullptr;
+}
+void build_dirty(FakeExec* x) {
+  for (auto& k : x->kernels)
+    if (k.enabled && k.dirty) {
+      build_tmd(k.tmd, k.cluster);
+      k.dirty = false;
+    }
 }
 
 struct ErrorText {
@@ -389,6 +554,11 @@ const ProcEntry* proc_table(std::size_t* n);
 const void* lookup_proc(const char* symbol, int cuda_version) {
   std::string name = symbol;
   if (name == "cuGetProcAddress" && cuda_version >= 12000) name = "cuGetProcAddress_v2";
+  else if (name == "cuGraphInstantiate" && cuda_version >= 12000) name = "cuGraphInstantiateWithFlags";
+  else if (name == "cuGraphInstantiate" && cuda_version >= 11000) name = "cuGraphInstantiate_v2";
+  else if (name == "cuGraphExecUpdate" && cuda_version >= 12000) name = "cuGraphExecUpdate_v2";
+  else if ((name == "cuGraphAddKernelNode" || name == "cuGraphExecKernelNodeSetParams") && cuda_version >= 12000)
+    name += "_v2";
   else if (name == "cuDeviceGetUuid" && cuda_version >= 11040) name = "cuDeviceGetUuid_v2";
   else if (name == "cuDeviceTotalMem" || name == "cuDevicePrimaryCtxRelease" || name == "cuCtxPushCurrent" ||
            name == "cuCtxPopCurrent" || name == "cuMemAlloc" || name == "cuMemFree" || name == "cuMemAllocHost" ||
@@ -591,7 +761,187 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction, unsigned int, unsigned int, unsigned
 
 CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction, void**, void**) {
   if (!cfg) return CUDA_ERROR_INVALID_VALUE;
-  return launch();
+  Cluster cl;
+  for (unsigned i = 0; i < cfg->numAttrs; ++i)
+    if (cfg->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+      cl = {cfg->attrs[i].value.clusterDim.x, cfg->attrs[i].value.clusterDim.y, cfg->attrs[i].value.clusterDim.z};
+  return launch(cl);
+}
+
+// --- graphs (see "CUDA graphs" at the top) --------------------------------------
+
+CUresult CUDAAPI cuGraphCreate(CUgraph* g, unsigned int flags) {
+  if (!g || flags) return CUDA_ERROR_INVALID_VALUE;
+  *g = reinterpret_cast<CUgraph>(new_graph(false));
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphDestroy(CUgraph g) {
+  if (!live_graph(g) || reinterpret_cast<FakeGraph*>(g)->embedded) return CUDA_ERROR_INVALID_VALUE;
+  destroy_graph(reinterpret_cast<FakeGraph*>(g));
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphAddKernelNode_v2(CUgraphNode* n, CUgraph g, const CUgraphNode*, size_t,
+                                         const CUDA_KERNEL_NODE_PARAMS* p) {
+  if (!n || !p || !live_graph(g)) return CUDA_ERROR_INVALID_VALUE;
+  FakeNode* node = add_node(reinterpret_cast<FakeGraph*>(g), CU_GRAPH_NODE_TYPE_KERNEL);
+  node->grid[0] = p->gridDimX;
+  node->grid[1] = p->gridDimY;
+  node->grid[2] = p->gridDimZ;
+  *n = reinterpret_cast<CUgraphNode>(node);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphKernelNodeSetAttribute(CUgraphNode n, CUkernelNodeAttrID attr,
+                                               const CUkernelNodeAttrValue* v) {
+  if (!live_node(n) || !v) return CUDA_ERROR_INVALID_VALUE;
+  if (attr == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+    reinterpret_cast<FakeNode*>(n)->cluster = {v->clusterDim.x, v->clusterDim.y, v->clusterDim.z};
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphAddChildGraphNode(CUgraphNode* n, CUgraph g, const CUgraphNode*, size_t, CUgraph child) {
+  if (!n || !live_graph(g) || !live_graph(child)) return CUDA_ERROR_INVALID_VALUE;
+  FakeNode* node = add_node(reinterpret_cast<FakeGraph*>(g), CU_GRAPH_NODE_TYPE_GRAPH);
+  node->child = clone_graph(reinterpret_cast<FakeGraph*>(child));
+  *n = reinterpret_cast<CUgraphNode>(node);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphChildGraphNodeGetGraph(CUgraphNode n, CUgraph* out) {
+  if (!out || !live_node(n) || reinterpret_cast<FakeNode*>(n)->type != CU_GRAPH_NODE_TYPE_GRAPH)
+    return CUDA_ERROR_INVALID_VALUE;
+  *out = reinterpret_cast<CUgraph>(reinterpret_cast<FakeNode*>(n)->child);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphGetNodes(CUgraph g, CUgraphNode* nodes, size_t* count) {
+  if (!count || !live_graph(g)) return CUDA_ERROR_INVALID_VALUE;
+  const auto& v = reinterpret_cast<FakeGraph*>(g)->nodes;
+  if (nodes)
+    for (std::size_t i = 0; i < v.size() && i < *count; ++i) nodes[i] = reinterpret_cast<CUgraphNode>(v[i]);
+  else
+    *count = v.size();
+  if (nodes && *count > v.size()) *count = v.size();
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphNodeGetType(CUgraphNode n, CUgraphNodeType* type) {
+  if (!type || !live_node(n)) return CUDA_ERROR_INVALID_VALUE;
+  *type = reinterpret_cast<FakeNode*>(n)->type;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphInstantiateWithFlags(CUgraphExec* exec, CUgraph g, unsigned long long) {
+  if (!exec || !live_graph(g)) return CUDA_ERROR_INVALID_VALUE;
+  auto* x = new FakeExec;
+  collect_kernels(reinterpret_cast<FakeGraph*>(g), false, x->kernels);
+  {
+    std::lock_guard lock(g_graph_mutex);
+    g_live_execs.insert(x);
+  }
+  *exec = reinterpret_cast<CUgraphExec>(x);
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuGraphInstantiate(CUgraphExec* exec, CUgraph g, CUgraphNode*, char*, size_t) {
+  return cuGraphInstantiateWithFlags(exec, g, 0);
+}
+CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec* exec, CUgraph g, CUgraphNode*, char*, size_t) {
+  return cuGraphInstantiateWithFlags(exec, g, 0);
+}
+CUresult CUDAAPI cuGraphInstantiateWithParams(CUgraphExec* exec, CUgraph g, CUDA_GRAPH_INSTANTIATE_PARAMS* p) {
+  const CUresult r = cuGraphInstantiateWithFlags(exec, g, p ? p->flags : 0);
+  if (p) p->result_out = r == CUDA_SUCCESS ? CUDA_GRAPH_INSTANTIATE_SUCCESS : CUDA_GRAPH_INSTANTIATE_ERROR;
+  return r;
+}
+
+CUresult CUDAAPI cuGraphExecDestroy(CUgraphExec e) {
+  FakeExec* x = live_exec(e);
+  if (!x) return CUDA_ERROR_INVALID_VALUE;
+  {
+    std::lock_guard lock(g_graph_mutex);
+    g_live_execs.erase(x);
+  }
+  delete x;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphUpload(CUgraphExec e, CUstream) {
+  if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
+  FakeExec* x = live_exec(e);
+  if (!x) return CUDA_ERROR_INVALID_VALUE;
+  build_dirty(x);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphLaunch(CUgraphExec e, CUstream s) {
+  if (CUresult r = cuGraphUpload(e, s)) return r;
+  for (const auto& k : reinterpret_cast<FakeExec*>(e)->kernels) {
+    if (!k.enabled) continue;
+    char source[32];
+    std::snprintf(source, sizeof source, "graph%u", k.grid[0]);
+    run_tmd(k.tmd, source);
+  }
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphNodeGetEnabled(CUgraphExec e, CUgraphNode n, unsigned int* on) {
+  FakeExec* x = live_exec(e);
+  if (!x || !on || !live_node(n)) return CUDA_ERROR_INVALID_VALUE;
+  ExecKernel* k = exec_kernel(x, n);
+  if (!k || (k->in_child && config().child_nodes == ChildNodes::kRefuse)) return CUDA_ERROR_INVALID_VALUE;
+  *on = k->enabled ? 1 : 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphNodeSetEnabled(CUgraphExec e, CUgraphNode n, unsigned int on) {
+  FakeExec* x = live_exec(e);
+  if (!x || !live_node(n)) return CUDA_ERROR_INVALID_VALUE;
+  ExecKernel* k = exec_kernel(x, n);
+  if (!k) return CUDA_ERROR_INVALID_VALUE;
+  if (k->in_child && config().child_nodes == ChildNodes::kRefuse) return CUDA_ERROR_INVALID_VALUE;
+  if (k->in_child && config().child_nodes == ChildNodes::kIgnore) return CUDA_SUCCESS;
+  if (k->enabled != (on != 0)) k->dirty = true;
+  k->enabled = on != 0;
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphExecKernelNodeSetParams_v2(CUgraphExec e, CUgraphNode n, const CUDA_KERNEL_NODE_PARAMS* p) {
+  FakeExec* x = live_exec(e);
+  if (!x || !p || !live_node(n)) return CUDA_ERROR_INVALID_VALUE;
+  ExecKernel* k = exec_kernel(x, n);
+  if (!k) return CUDA_ERROR_INVALID_VALUE;
+  const unsigned grid[3] = {p->gridDimX, p->gridDimY, p->gridDimZ};
+  if (std::memcmp(grid, k->grid, sizeof grid) != 0) k->dirty = true;  // a new grid re-encodes
+  std::memcpy(k->grid, grid, sizeof grid);
+  return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuGraphExecUpdate_v2(CUgraphExec e, CUgraph g, CUgraphExecUpdateResultInfo* info) {
+  FakeExec* x = live_exec(e);
+  if (!x || !live_graph(g)) return CUDA_ERROR_INVALID_VALUE;
+  std::vector<ExecKernel> fresh;
+  collect_kernels(reinterpret_cast<FakeGraph*>(g), false, fresh);
+  if (fresh.size() != x->kernels.size()) {
+    if (info) info->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+    return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
+  }
+  // Nodes pair up in order; the exec keeps identifying them by the nodes
+  // it was instantiated from. Only a changed grid re-encodes.
+  for (std::size_t i = 0; i < fresh.size(); ++i) {
+    ExecKernel& k = x->kernels[i];
+    if (std::memcmp(k.grid, fresh[i].grid, sizeof k.grid) != 0) k.dirty = true;
+    std::memcpy(k.grid, fresh[i].grid, sizeof k.grid);
+  }
+  if (info) info->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphNode*, CUgraphExecUpdateResult* res) {
+  CUgraphExecUpdateResultInfo info{};
+  const CUresult r = cuGraphExecUpdate_v2(e, g, &info);
+  if (res) *res = info.result;
+  return r;
 }
 
 // The stand-in cannot run kernels: anything that needs device code or device
@@ -709,6 +1059,26 @@ const ProcEntry kProcs[] = {
     FAKECUDA_PROC(cuStreamQuery),
     FAKECUDA_PROC(cuGetProcAddress),
     FAKECUDA_PROC(cuGetProcAddress_v2),
+    FAKECUDA_PROC(cuGraphCreate),
+    FAKECUDA_PROC(cuGraphDestroy),
+    FAKECUDA_PROC(cuGraphAddKernelNode_v2),
+    FAKECUDA_PROC(cuGraphKernelNodeSetAttribute),
+    FAKECUDA_PROC(cuGraphAddChildGraphNode),
+    FAKECUDA_PROC(cuGraphChildGraphNodeGetGraph),
+    FAKECUDA_PROC(cuGraphGetNodes),
+    FAKECUDA_PROC(cuGraphNodeGetType),
+    FAKECUDA_PROC(cuGraphInstantiate),
+    FAKECUDA_PROC(cuGraphInstantiate_v2),
+    FAKECUDA_PROC(cuGraphInstantiateWithFlags),
+    FAKECUDA_PROC(cuGraphInstantiateWithParams),
+    FAKECUDA_PROC(cuGraphExecDestroy),
+    FAKECUDA_PROC(cuGraphUpload),
+    FAKECUDA_PROC(cuGraphLaunch),
+    FAKECUDA_PROC(cuGraphNodeGetEnabled),
+    FAKECUDA_PROC(cuGraphNodeSetEnabled),
+    FAKECUDA_PROC(cuGraphExecKernelNodeSetParams_v2),
+    FAKECUDA_PROC(cuGraphExecUpdate),
+    FAKECUDA_PROC(cuGraphExecUpdate_v2),
 };
 #undef FAKECUDA_PROC
 
