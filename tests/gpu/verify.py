@@ -690,6 +690,22 @@ def cluster_misfit_abort(mps):
           f"stderr: {err.strip().replace(chr(10), ' | ')[-400:]}")
 
 
+def cluster_small_fits():
+    """(a2) controls: on one TPC, an explicit cluster dimension of 1 and clusters of 2 (one TPC = 2 SMs of one
+    GPC) run; the debug histogram counts the launch under its size."""
+    t0 = next(t["tpc"] for t in topo["tpcs"] if t["gpc"] is not None and t.get("cluster_capable", True))
+    for size in (1, 2):
+        rc, out, err, dt = run_group([NV, "--no-mps", "-t", str(t0), f"{GPUBIN}/cluster_probe", "--size", str(size)],
+                                     timeout=20, env={"NVTASKSET_LOG": "debug"})
+        m = re.search(r"tpcs:([\d ]+)", out)
+        ran = {int(x) for x in m.group(1).split()} if m else set()
+        h = re.findall(r"cluster sizes launched: (.*)", err)
+        hist = dict(re.findall(r"(\d+):\s*(\d+)", h[-1])) if h else {}
+        check(f"clusters (no MPS): -t {t0} + cluster dimension {size} runs, on TPC {t0}, and is counted",
+              rc == 0 and ran == {t0} and int(hist.get(str(size), 0)) >= 1,
+              f"rc={rc} {dt:.2f}s ran on {ranges(ran)}; histogram: {h[-1] if h else '-'}")
+
+
 def cluster_big_gpc(mps):
     """(b): -g G (a GPC with >= 16 SMs) + clusters of 16 runs."""
     tag = "MPS" if mps else "no MPS"
@@ -795,6 +811,7 @@ def cluster_live_refusal():
 def section_clusters():
     # (a)-(d) outside MPS: exact TPCs.
     cluster_misfit_abort(mps=False)
+    cluster_small_fits()
     cluster_big_gpc(mps=False)
     cluster_widen(mps=False)
     cluster_live_refusal()
