@@ -8,7 +8,8 @@ Run from the repository root on a machine with an NVIDIA GPU, with the build in
 
 Every GPU command has a timeout. Each check prints PASS/FAIL with its evidence;
 the exit status is the number of failures. Sections: calibrate, probe, lists,
-gpc, live, mps, torch, bench, errors, multi (needs 2 GPUs), systemwide (default: all).
+gpc, live, mps, torch, bench, errors, multi (needs 2 GPUs), systemwide, graphs,
+clusters, libclusters, torchgraphs, graphoverhead, graphbench (default: all).
 """
 import json
 import os
@@ -432,7 +433,536 @@ def section_systemwide():
         check("--system-wide disable", rc == 0, (out + err).strip())
 
 
-SECTIONS = ["calibrate", "probe", "lists", "gpc", "live", "mps", "torch", "bench", "errors", "multi", "systemwide"]
+# ---- CUDA graphs, thread-block clusters, PyTorch graphs (gpu-checks) ------------------------------------
+
+
+class Task:
+    """A task started in its own session (process group), stdout and stderr to
+    files under OUT; killed with its whole group when the block ends, on every
+    path. nvtaskset exec()s the command, so pid is the task's PID."""
+
+    def __init__(self, cmd, name, env=None):
+        e = dict(os.environ)
+        if env:
+            e.update(env)
+        self.outpath = os.path.join(OUT, f"{name}.out")
+        self.errpath = os.path.join(OUT, f"{name}.err")
+        self.cmd = cmd
+        self._out = open(self.outpath, "w")
+        self._err = open(self.errpath, "w")
+        LOG.write(f"$ {' '.join(cmd)} &  [{name}]\n")
+        self.p = subprocess.Popen(cmd, stdout=self._out, stderr=self._err, env=e, start_new_session=True)
+        self.pid = self.p.pid
+        self.rc = None
+
+    def text(self):
+        with open(self.outpath) as f:
+            return f.read()
+
+    def err(self):
+        with open(self.errpath) as f:
+            return f.read()
+
+    def wait_ready(self, timeout=60):
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < timeout:
+            if re.search(r"^ready$", self.text(), re.M):
+                return True
+            if self.p.poll() is not None:
+                return False
+            time.sleep(0.01)
+        return False
+
+    def kill(self):
+        try:
+            os.killpg(self.p.pid, 9)
+        except (ProcessLookupError, PermissionError):
+            pass
+        try:
+            self.p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def finish(self, timeout=30):
+        """Waits for the task; on timeout kills it and returns 124."""
+        try:
+            self.rc = self.p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.rc = 124
+        return self.rc
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.p.poll() is None:
+            self.kill()
+        self._out.close()
+        self._err.close()
+        LOG.write(f"[{self.cmd[-1] if self.cmd else ''}] rc={self.p.returncode}\n--- stdout (tail)\n"
+                  f"{self.text()[-3000:]}\n--- stderr (tail)\n{self.err()[-3000:]}\n")
+        LOG.flush()
+        return False
+
+
+def run_group(cmd, timeout, env=None):
+    """Like run(), but the command gets its own process group, which is killed
+    whole on timeout (a hung CUDA task, its helpers). Returns (rc, out, err, s)."""
+    e = dict(os.environ)
+    if env:
+        e.update(env)
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e,
+                         start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        rc = p.returncode
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(p.pid, 9)
+        except ProcessLookupError:
+            pass
+        out, err = p.communicate()
+        rc, err = 124, (err or "") + "\n[TIMEOUT]"
+    dt = time.monotonic() - t0
+    LOG.write(f"$ {' '.join(cmd)}  [rc={rc}, {dt:.2f}s]\n{out}{err}\n")
+    LOG.flush()
+    return rc, out, err, dt
+
+
+def mps_pipe_dir():
+    return os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+
+
+def stop_mps_safely():
+    """echo quit | nvidia-cuda-mps-control, never raising; waits until the
+    daemon's control socket is gone (at most 15 s)."""
+    try:
+        subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, timeout=30, capture_output=True)
+    except Exception as e:  # a wedged daemon, a missing binary
+        log(f"INFO stopping MPS: {e!r}")
+    control = os.path.join(mps_pipe_dir(), "control")
+    t0 = time.monotonic()
+    while os.path.exists(control) and time.monotonic() - t0 < 15:
+        time.sleep(0.05)
+
+
+def tpc_gpc():
+    return {t["tpc"]: t["gpc"] for t in topo["tpcs"]}
+
+
+def whole_gpcs_of(tpcs):
+    """The TPCs of every GPC that holds one of tpcs (a TPC of unknown GPC stands for itself)."""
+    g_of = tpc_gpc()
+    gpcs = {g["gpc"]: set(g["tpcs"]) for g in topo["gpcs"]}
+    out = set()
+    for t in tpcs:
+        out |= gpcs[g_of[t]] if g_of[t] is not None else {t}
+    return out
+
+
+def max_sms_of_one_gpc(tpcs):
+    g_of = tpc_gpc()
+    cap = {t["tpc"]: t.get("cluster_capable", True) for t in topo["tpcs"]}
+    per = {}
+    for t in tpcs:
+        if g_of[t] is not None and cap[t]:
+            per[g_of[t]] = per.get(g_of[t], 0) + 2
+    return max(per.values(), default=0)
+
+
+def p_query(pid):
+    """`nvtaskset -p PID` and `nvtaskset -p --json PID`: (text rc, text, json rc, dict or None, json text)."""
+    rc_q, q, qerr, _ = run([NV, "-p", str(pid)], timeout=30)
+    rc_j, j, jerr, _ = run([NV, "-p", "--json", str(pid)], timeout=30)
+    try:
+        d = json.loads(j) if rc_j == 0 else None
+    except ValueError:
+        d = None
+    return rc_q, (q + qerr).strip(), rc_j, d, (j + jerr).strip()
+
+
+GRAPH_MODES = ["plain", "child", "destroyed", "update", "disabled", "threads", "eager"]
+GRAPH_CHANGES = 11  # live changes per mode
+
+
+def graph_mode(mode, rng):
+    """graph_probe MODE under `nvtaskset --no-mps -t A`, then GRAPH_CHANGES
+    `nvtaskset -p -t B PID` in a row; every replay launched after a -p returned
+    (and before the next began) must have run on exactly that -p's TPCs."""
+    n = ntpcs()
+    lists = [sorted(rng.sample(range(n), rng.randint(1, n))) for _ in range(GRAPH_CHANGES + 1)]
+    lists[0] = list(range(n // 2))  # start on a known, roomy set
+    until = os.path.join(OUT, f"until-graph-{mode}")
+    if os.path.exists(until):
+        os.remove(until)
+    marks = []  # (start ns, return ns, list, rc, output)
+    with Task([NV, "--no-mps", "-t", ranges(lists[0]), f"{GPUBIN}/graph_probe", "--mode", mode, "--duration-ms",
+               "30000", "--interval-ms", "3", "--until-file", until], f"graph-{mode}") as t:
+        if not t.wait_ready(60):
+            check(f"graphs {mode}: probe started and printed ready", False, (t.text() + t.err()).strip()[-400:])
+            return
+        time.sleep(0.12)
+        for L in lists[1:]:
+            s = time.monotonic_ns()
+            rc, out, err, _ = run([NV, "-p", "-t", ranges(L), str(t.pid)], timeout=30)
+            r = time.monotonic_ns()
+            marks.append((s, r, set(L), rc, (out + err).strip().replace("\n", " | ")))
+            time.sleep(0.12)
+        rc_q, q, rc_j, d, jtext = p_query(t.pid)
+        open(until, "w").close()
+        rc = t.finish(30)
+        text, err = t.text(), t.err()
+    check(f"graphs {mode}: every -p change accepted", all(m[3] == 0 for m in marks),
+          "; ".join(f"rc={m[3]} {m[4]}" for m in marks if m[3] != 0) or f"{len(marks)} changes, each rc=0")
+    rows = []
+    for m in re.finditer(r"^(\d+) (\d+) (\S+)(?: t(\d+))?$", text, re.M):
+        tp = set() if m.group(3) == "none" else parse_ranges(m.group(3))
+        rows.append((int(m.group(2)), tp, m.group(4)))
+    # Windows: [task start, first -p start) on lists[0]; (-p i returned, -p i+1 started) on list i.
+    bounds = [(0, marks[0][0], set(lists[0]), "before any change")]
+    for i, m in enumerate(marks):
+        end = marks[i + 1][0] if i + 1 < len(marks) else 1 << 62
+        bounds.append((m[1], end, m[2], f"after change {i + 1}/{len(marks)}"))
+    in_flight = sum(1 for ts, _, _ in rows if any(m[0] <= ts <= m[1] for m in marks))
+    for lo, hi, want, label in bounds:
+        got = [(tp, th) for ts, tp, th in rows if lo < ts < hi]
+        bad = [tp for tp, _ in got if tp != want]
+        threads_seen = {th for _, th in got}
+        enough = len(got) >= 5 and (mode != "threads" or threads_seen == {"0", "1"})
+        check(f"graphs {mode}: {label} (-t {ranges(want)})", enough and not bad,
+              f"{len(got)} replays, {len(got) - len(bad)} on exactly these TPCs"
+              + (f", threads {sorted(threads_seen)}" if mode == "threads" else "")
+              + (f"; first wrong: {ranges(bad[0]) or 'none'}" if bad else ""))
+    log(f"INFO graphs {mode}: {len(rows)} replays, {in_flight} launched while a -p was running (not judged)")
+    check(f"graphs {mode}: the probe ended cleanly", rc == 0, f"rc={rc} {err.strip()[-300:]}")
+    if mode == "disabled":
+        m1 = re.search(r"marker while disabled: (-?\d+)", text)
+        m2 = re.search(r"marker after re-enabling: (-?\d+)", text)
+        check("graphs disabled: the node the user disabled never ran across the partition changes",
+              m1 is not None and int(m1.group(1)) == 1, m1.group(0) if m1 else "no marker line")
+        check("graphs disabled: re-enabled by the user, it runs again (on the last partition)",
+              m2 is not None and int(m2.group(1)) == 2 and rows and rows[-1][1] == marks[-1][2],
+              (m2.group(0) if m2 else "no marker line") + (f"; last replay on {ranges(rows[-1][1])}" if rows else ""))
+    if mode == "update":
+        m = re.search(r"^updates (\d+)", text, re.M)
+        log(f"INFO graphs update: {m.group(0) if m else 'no updates line'}")
+    # The query shows the graph counters.
+    want_graphs = {"eager": 0, "threads": 2}.get(mode, 1)
+    last = ranges(marks[-1][2])
+    mg = re.search(r"pid (\d+)'s CUDA graphs: (\d+) follow the partition, (\d+) cannot", q)
+    follow_ok = mg is not None and (int(mg.group(2)) == 0 if want_graphs == 0 else int(mg.group(2)) >= want_graphs)
+    check(f"graphs {mode}: -p query shows the TPC list and the graph counters",
+          rc_q == 0 and f"current TPC list: {last}" in q and follow_ok and mg and int(mg.group(3)) == 0
+          and int(mg.group(1)) == t.pid,
+          f"want list {last}, {want_graphs} graph(s) following, 0 not: {q.replace(chr(10), ' | ')}")
+    keys = ("pid", "tpcs", "graphs_following", "graphs_not_following", "max_cluster", "kernels_launched")
+    jok = (rc_j == 0 and isinstance(d, dict) and all(k in d for k in keys) and d["pid"] == t.pid
+           and parse_ranges(str(d["tpcs"])) == marks[-1][2]
+           and (d["graphs_following"] == 0 if want_graphs == 0 else d["graphs_following"] >= want_graphs)
+           and d["graphs_not_following"] == 0 and isinstance(d["kernels_launched"], int) and d["kernels_launched"] > 0)
+    check(f"graphs {mode}: -p --json", jok, jtext[:400])
+
+
+def section_graphs():
+    rng = random.Random(2027)
+    for mode in GRAPH_MODES:
+        graph_mode(mode, rng)
+
+
+CLUSTER_MSG = r"nvtaskset\[(\d+)\]: (?:[a-z]+: )?kernel with clusters of {c} cannot run on TPCs {lst} \(at most {m} SMs of one GPC\); stopping"
+
+
+def cluster_misfit_abort(mps):
+    """(a): -t 0-3 + clusters of 8: one line, SIGABRT, within seconds."""
+    tag = "MPS" if mps else "no MPS"
+    base = [NV] + ([] if mps else ["--no-mps"])
+    part = [0, 1, 2, 3]
+    m_sms = max_sms_of_one_gpc(part)
+    rc, out, err, dt = run_group(base + ["-t", "0-3", f"{GPUBIN}/cluster_probe", "--size", "8"], timeout=20)
+    pat = re.compile(CLUSTER_MSG.format(c=8, lst="0-3", m=m_sms))
+    hits = [l for l in err.splitlines() if "cannot run on TPCs" in l]
+    ok_msg = len(hits) == 1 and pat.fullmatch(hits[0].strip()) is not None
+    check(f"clusters ({tag}): -t 0-3 + clusters of 8 stops at the launch with one line, SIGABRT, no hang",
+          rc == -6 and ok_msg and "ran" not in out and dt < 10,
+          f"rc={rc} (want -6, SIGABRT) in {dt:.2f}s (limit 10 s, timeout 20 s); want 'at most {m_sms} SMs'; "
+          f"stderr: {err.strip().replace(chr(10), ' | ')[-400:]}")
+
+
+def cluster_small_fits():
+    """(a2) controls: on one TPC, an explicit cluster dimension of 1 and clusters of 2 (one TPC = 2 SMs of one
+    GPC) run; the debug histogram counts the launch under its size."""
+    t0 = next(t["tpc"] for t in topo["tpcs"] if t["gpc"] is not None and t.get("cluster_capable", True))
+    for size in (1, 2):
+        rc, out, err, dt = run_group([NV, "--no-mps", "-t", str(t0), f"{GPUBIN}/cluster_probe", "--size", str(size)],
+                                     timeout=20, env={"NVTASKSET_LOG": "debug"})
+        m = re.search(r"tpcs:([\d ]+)", out)
+        ran = {int(x) for x in m.group(1).split()} if m else set()
+        h = re.findall(r"cluster sizes launched: (.*)", err)
+        hist = dict(re.findall(r"(\d+):\s*(\d+)", h[-1])) if h else {}
+        check(f"clusters (no MPS): -t {t0} + cluster dimension {size} runs, on TPC {t0}, and is counted",
+              rc == 0 and ran == {t0} and int(hist.get(str(size), 0)) >= 1,
+              f"rc={rc} {dt:.2f}s ran on {ranges(ran)}; histogram: {h[-1] if h else '-'}")
+
+
+def cluster_big_gpc(mps):
+    """(b): -g G (a GPC with >= 16 SMs) + clusters of 16 runs."""
+    tag = "MPS" if mps else "no MPS"
+    big = [g for g in topo["gpcs"] if g["max_cluster"] >= 16]
+    if not big:
+        check(f"clusters ({tag}): a GPC hosts clusters of 16", False, "none in the topology")
+        return
+    g = big[0]
+    base = [NV] + ([] if mps else ["--no-mps"])
+    rc, out, err, dt = run_group(base + ["-g", str(g["gpc"]), f"{GPUBIN}/cluster_probe", "--size", "16"], timeout=30)
+    m = re.search(r"tpcs:([\d ]+)", out)
+    ran = {int(x) for x in m.group(1).split()} if m else set()
+    inside = mps or (ran and ran <= set(g["tpcs"]))  # %smid is virtual under MPS
+    check(f"clusters ({tag}): -g {g['gpc']} + clusters of 16 runs" + ("" if mps else " on that GPC"),
+          rc == 0 and "cluster size 16 ran" in out and inside,
+          f"rc={rc} {dt:.2f}s ran on {ranges(ran)} (GPC {g['gpc']}: {ranges(g['tpcs'])}) {err.strip()[-200:]}")
+
+
+def cluster_widen(mps):
+    """(c): NVTASKSET_ON_CLUSTER_MISFIT=widen, -t 0-3 + clusters of 8 runs on the whole GPCs of TPCs 0-3."""
+    tag = "MPS" if mps else "no MPS"
+    base = [NV] + ([] if mps else ["--no-mps"])
+    env = {"NVTASKSET_ON_CLUSTER_MISFIT": "widen"}
+    wide = whole_gpcs_of([0, 1, 2, 3])
+    rc, out, err, dt = run_group(base + ["-t", "0-3", f"{GPUBIN}/cluster_probe", "--size", "8"], timeout=30, env=env)
+    m = re.search(r"tpcs:([\d ]+)", out)
+    ran = {int(x) for x in m.group(1).split()} if m else set()
+    inside = mps or (ran and ran <= wide and not ran <= {0, 1, 2, 3})
+    check(f"clusters ({tag}): widen: -t 0-3 + clusters of 8 runs" +
+          ("" if mps else " inside the whole GPCs of TPCs 0-3, beyond TPCs 0-3"),
+          rc == 0 and "cluster size 8 ran" in out and inside,
+          f"rc={rc} {dt:.2f}s ran on {ranges(ran)}; whole GPCs: {ranges(wide)}; stderr: "
+          f"{err.strip().replace(chr(10), ' | ')[-300:]}")
+    if mps:
+        return
+    # Only the cluster launch widens: the task's ordinary kernels stay on 0-3.
+    with Task([NV, "--no-mps", "-t", "0-3", f"{GPUBIN}/cluster_live", "--size", "8", "--duration-ms", "400"],
+              "cluster-widen-live", env=env) as t:
+        rc = t.finish(40)
+        text = t.text()
+    rows = [(parse_ranges(a), parse_ranges(b)) for a, b in re.findall(r"^\d+ \d+ cluster (\S+) plain (\S+)$", text, re.M)]
+    check("clusters (no MPS): widen: cluster kernels inside the whole GPCs, the ordinary kernels next to them on 0-3",
+          rc == 0 and len(rows) >= 5 and all(c <= wide for c, _ in rows) and all(p == {0, 1, 2, 3} for _, p in rows),
+          f"rc={rc}, {len(rows)} iterations; cluster TPCs {sorted({ranges(c) for c, _ in rows})[:3]}, plain TPCs "
+          f"{sorted({ranges(p) for _, p in rows})[:3]}")
+
+
+def cluster_live_refusal():
+    """(d): a task that launched clusters of 8 keeps its partition when -p asks for one that cannot host 8."""
+    hosts8 = [g for g in topo["gpcs"] if g["max_cluster"] >= 8]
+    if len(hosts8) < 2:
+        check("clusters: two GPCs host clusters of 8", False, f"{len(hosts8)} do")
+        return
+    g1, g2 = hosts8[0], hosts8[1]
+    until = os.path.join(OUT, "until-cluster-live")
+    if os.path.exists(until):
+        os.remove(until)
+    with Task([NV, "--no-mps", "-g", str(g1["gpc"]), f"{GPUBIN}/cluster_live", "--size", "8", "--duration-ms",
+               "30000", "--until-file", until], "cluster-live") as t:
+        if not t.wait_ready(60):
+            check("clusters: cluster_live started", False, (t.text() + t.err()).strip()[-300:])
+            return
+        time.sleep(0.1)
+        rc_q, q, rc_j, d, jtext = p_query(t.pid)
+        rc_c, c, cerr, _ = run([NV, "-p", "-t", "0-3", str(t.pid)], timeout=30)
+        r1 = time.monotonic_ns()
+        time.sleep(0.2)
+        rc_q2, q2, _, d2, _ = p_query(t.pid)
+        # Positive control: another GPC that hosts 8 is accepted.
+        s2 = time.monotonic_ns()
+        rc_ok, ok_out, ok_err, _ = run([NV, "-p", "-g", str(g2["gpc"]), str(t.pid)], timeout=30)
+        r2 = time.monotonic_ns()
+        time.sleep(0.2)
+        open(until, "w").close()
+        rc = t.finish(30)
+        text = t.text()
+    m = re.search(r"largest thread-block cluster: (\d+)", q)
+    check("clusters: -p query shows the largest cluster launched (8)", rc_q == 0 and m and int(m.group(1)) == 8,
+          q.replace("\n", " | "))
+    check("clusters: -p --json max_cluster is 8", isinstance(d, dict) and d.get("max_cluster") == 8, jtext[:300])
+    lines = [l for l in (c + cerr).splitlines() if l.strip()]
+    check("clusters: -p -t 0-3 on a task that launched clusters of 8 is refused (exit 1, one line)",
+          rc_c == 1 and len(lines) == 1, f"rc={rc_c} stdout={c.strip()!r} stderr={cerr.strip()!r}")
+    g1_list = ranges(g1["tpcs"])
+    # The query answers in the terms the partition was set in (-g: a GPC list); JSON "tpcs" is TPCs.
+    unchanged = ((isinstance(d2, dict) and parse_ranges(str(d2.get("tpcs", ""))) == set(g1["tpcs"]))
+                 or f"current GPC list: {g1['gpc']}" in q2 or f"current TPC list: {g1_list}" in q2)
+    check("clusters: after the refusal the task's partition is unchanged",
+          rc_q2 == 0 and unchanged, f"GPC {g1['gpc']} = TPCs {g1_list}; query: {q2.replace(chr(10), ' | ')}")
+    rows = [(int(ts), parse_ranges(a), parse_ranges(b))
+            for ts, a, b in re.findall(r"^\d+ (\d+) cluster (\S+) plain (\S+)$", text, re.M)]
+    mid = [r for r in rows if r1 < r[0] < s2]
+    late = [r for r in rows if r[0] > r2]
+    check("clusters: kernels after the refusal still ran on the old GPC",
+          len(mid) >= 5 and all(c <= set(g1["tpcs"]) and p == set(g1["tpcs"]) for _, c, p in mid),
+          f"{len(mid)} iterations")
+    check(f"clusters: control: -p -g {g2['gpc']} (hosts 8) is accepted and applies",
+          rc_ok == 0 and len(late) >= 5 and all(c <= set(g2["tpcs"]) and p == set(g2["tpcs"]) for _, c, p in late)
+          and rc == 0, f"rc={rc_ok} {ok_out.strip().replace(chr(10), ' | ')} {ok_err.strip()}; {len(late)} iterations "
+          f"after; task rc={rc}")
+
+
+def section_clusters():
+    # (a)-(d) outside MPS: exact TPCs.
+    cluster_misfit_abort(mps=False)
+    cluster_small_fits()
+    cluster_big_gpc(mps=False)
+    cluster_widen(mps=False)
+    cluster_live_refusal()
+    # (e) the same (a)-(c) as MPS clients: %smid is virtual, so status, messages and completion only.
+    try:
+        cluster_misfit_abort(mps=True)
+        cluster_big_gpc(mps=True)
+        cluster_widen(mps=True)
+    finally:
+        stop_mps_safely()
+
+
+LIB_WORKLOADS = ["cublas", "cublas-fp8", "triton", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn"]
+
+
+def section_libclusters():
+    """(f): which cluster sizes real libraries launch, from the shim's exit-time histogram."""
+    n = ntpcs()
+    table = []
+    for w in LIB_WORKLOADS:
+        rc, out, err, dt = run_group([NV, "--no-mps", "-t", f"0-{n - 1}", "python3",
+                                      os.path.join(ROOT, "tests/gpu/torch_clusters.py"), w], timeout=180,
+                                     env={"NVTASKSET_LOG": "debug"})
+        hist = re.findall(r"cluster sizes launched: (.*)", err)
+        status = (out.strip().splitlines() or ["(no output)"])[-1]
+        check(f"libclusters {w}: ran under the shim and logged its cluster-size histogram",
+              rc == 0 and len(hist) >= 1, f"rc={rc} {dt:.1f}s {status[:200]}; histogram: {hist[-1] if hist else '-'}")
+        table.append((w, hist[-1].strip() if hist else "-", status[:120]))
+    log("INFO cluster sizes launched (size:launches), all TPCs, NVTASKSET_LOG=debug:")
+    log("INFO | workload | cluster sizes launched | run |")
+    log("INFO | --- | --- | --- |")
+    for w, h, s in table:
+        log(f"INFO | {w} | {h} | {s} |")
+
+
+def torch_run(variant, prefix, name, duration, change=None):
+    """torch_graphs.py VARIANT under prefix; with change=(delay s, -p args), runs
+    `nvtaskset -p ARGS PID` that long after ready. Returns (intervals, s, r, rc, p_out, info):
+    intervals [(start ns, end ns, TFLOP/s)], s/r the -p start/return (ns)."""
+    s = r = None
+    p_out = ""
+    with Task(prefix + ["python3", os.path.join(ROOT, "tests/gpu/torch_graphs.py"), variant, "--duration",
+                        str(duration)], name) as t:
+        if not t.wait_ready(240):
+            return [], None, None, t.finish(5), "", (t.text() + t.err()).strip()[-400:]
+        if change:
+            time.sleep(change[0])
+            s = time.monotonic_ns()
+            rc_c, o, e, _ = run([NV, "-p"] + change[1] + [str(t.pid)], timeout=30)
+            r = time.monotonic_ns()
+            p_out = f"rc={rc_c} " + (o + e).strip().replace("\n", " | ")
+        rc = t.finish(duration + 60)
+        text = t.text()
+    info = (re.search(r"^info .*$", text, re.M) or re.search(r"$", "")).group(0)
+    m0 = re.search(r"^(\d+) start$", text, re.M)
+    pts = [(int(a), float(b)) for a, b in re.findall(r"^(\d+) ([\d.]+)$", text, re.M)]
+    intervals = []
+    prev = int(m0.group(1)) if m0 else None
+    for ts, v in pts:
+        if prev is not None:
+            intervals.append((prev, ts, v))
+        prev = ts
+    return intervals, s, r, rc, p_out, info
+
+
+def median(v):
+    v = sorted(v)
+    return v[len(v) // 2] if v else float("nan")
+
+
+def section_torchgraphs():
+    """Eager, CUDAGraph and torch.compile(reduce-overhead) matmuls on all TPCs;
+    `nvtaskset -p -t 0-7` after ~2 s must cut throughput to about 8/n within one interval."""
+    n = ntpcs()
+    share = 8 / n
+    rows = []
+    try:
+        for mps in (True, False):  # all MPS runs first: a running daemon would make --no-mps tasks clients too
+            if not mps:
+                stop_mps_safely()
+            tag = "MPS" if mps else "no MPS"
+            for variant in ("eager", "cudagraph", "compile"):
+                prefix = [NV] + ([] if mps else ["--no-mps"]) + ["-t", f"0-{n - 1}"]
+                iv, s, r, rc, p_out, info = torch_run(variant, prefix, f"torchgraphs-{variant}-{'mps' if mps else 'nomps'}",
+                                                      3.5, change=(2.0, ["-t", "0-7"]))
+                if s is None:
+                    check(f"torchgraphs {variant} ({tag}): started", False, f"rc={rc} {info}")
+                    continue
+                before = [v for a, b, v in iv if b < s][1:]  # the first interval may still warm up
+                straddle = [v for a, b, v in iv if a < r and b >= s]
+                after = [(a, v) for a, b, v in iv if a >= r]
+                bmed = median(before)
+                first = after[0][1] if after else float("nan")
+                amed = median([v for _, v in after[1:]]) if len(after) > 1 else float("nan")
+                check(f"torchgraphs {variant} ({tag}): the first interval after -p -t 0-7 runs at < 0.3x of before",
+                      rc == 0 and len(before) >= 5 and after and first < 0.3 * bmed,
+                      f"before {bmed:.1f} TFLOP/s (median of {len(before)}), first after {first:.1f} "
+                      f"({first / bmed:.3f}x), later {amed:.1f} ({amed / bmed:.3f}x; 8/{n} = {share:.3f}); -p {p_out}; "
+                      f"{info}; rc={rc}")
+                rows.append((variant, tag, bmed, straddle[0] if straddle else float("nan"),
+                             [v for _, v in after[:3]], amed))
+                log(f"INFO torchgraphs {variant} ({tag}) TFLOP/s by interval, ms relative to the -p return: " +
+                    ", ".join(f"{(b - r) / 1e6:+.0f}:{v:.0f}" for a, b, v in iv if -600e6 < b - r < 600e6))
+    finally:
+        stop_mps_safely()
+    log("INFO | variant | MPS | before (TFLOP/s) | interval with the -p | 1st, 2nd, 3rd after | later median | after / before |")
+    log("INFO | --- | --- | --- | --- | --- | --- | --- |")
+    for variant, tag, b, st, a3, am in rows:
+        log(f"INFO | {variant} | {tag} | {b:.1f} | {st:.1f} | {', '.join(f'{v:.1f}' for v in a3)} | {am:.1f} | "
+            f"{am / b:.3f} (8/{n} = {share:.3f}) |")
+
+
+def section_graphoverhead():
+    """CUDAGraph replays with no partition change: under `nvtaskset --no-mps -t 0-(n-1)`
+    vs plain, alternated; plain / nvtaskset throughput must be <= 1.01."""
+    n = ntpcs()
+    stop_mps_safely()
+    ratios, plain_v, nvt_v = [], [], []
+    for i in range(3):
+        pair = []
+        for label, prefix in (("plain", []), ("nvtaskset", [NV, "--no-mps", "-t", f"0-{n - 1}"])):
+            iv, _, _, rc, _, info = torch_run("cudagraph", prefix, f"graphoverhead-{label}-{i}", 2.0)
+            v = median([x for _, _, x in iv][1:])
+            pair.append(v if rc == 0 else float("nan"))
+            LOG.write(f"graphoverhead round {i} {label}: {v:.1f} TFLOP/s rc={rc} {info}\n")
+        plain_v.append(pair[0])
+        nvt_v.append(pair[1])
+        ratios.append(pair[0] / pair[1])
+    r = median(ratios)
+    check("graphoverhead: CUDAGraph replay throughput, plain / under nvtaskset (all TPCs) <= 1.01", r <= 1.01,
+          f"median ratio {r:.4f}; per round " + ", ".join(f"{p:.1f}/{q:.1f}={x:.4f}" for p, q, x in
+                                                          zip(plain_v, nvt_v, ratios)))
+
+
+def section_graphbench():
+    real = os.environ.get("REAL_LIBCUDA", "/usr/local/nvidia/lib64/libcuda.so.1")
+    rc, out, err, _ = run_group([os.path.join(BUILD, "bench/bench_graph_launch"), "--real", real, "--shim-dir", SHIM_DIR,
+                                 "--nvtaskset", NV, "--uuid", topo["device"]["uuid"], "--lists",
+                                 f"0-{ntpcs() - 1},0-{ntpcs() // 2 - 1}"], timeout=400)
+    log("INFO " + (out + err).strip().replace("\n", "\nINFO "))
+    for nodes in (1, 100):
+        m = re.search(rf"graph of {nodes} nodes?: .*ratio ([\d.]+)x", out)
+        check(f"graphbench: cuGraphLaunch of {nodes} node(s), shim without a change <= 1.01x of plain",
+              rc == 0 and m and float(m.group(1)) <= 1.01, m.group(0) if m else f"rc={rc}")
+    m = re.findall(r"first launch after a change, (\d+) nodes: ([\d.]+) us", out)
+    check("graphbench: re-encode cost after a change measured for 1, 100, 1000 nodes", rc == 0 and len(m) == 3,
+          "; ".join(f"{a} nodes {b} us" for a, b in m))
+
+
+SECTIONS = ["calibrate", "probe", "lists", "gpc", "live", "mps", "torch", "bench", "errors", "multi", "systemwide",
+            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench"]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:] or SECTIONS
