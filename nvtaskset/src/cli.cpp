@@ -580,7 +580,6 @@ int run(int argc, char** argv) {
     }
     if (o.pid_mode) return do_pid(o);
     if (o.json) throw Failure("--json goes with --topology, --calibrate or -p");
-    ctl::Region::remove_stale();
     return do_launch(o, env);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "nvtaskset: %s\n", e.what());

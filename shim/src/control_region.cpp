@@ -7,8 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <boost/interprocess/mapped_region.hpp>
-#include <boost/interprocess/shared_memory_object.hpp>
+#include <sys/mman.h>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -19,19 +18,23 @@
 #include <sstream>
 #include <thread>
 
-namespace bip = boost::interprocess;
-
 namespace nvtaskset::ctl {
 
 static_assert(std::is_standard_layout_v<Header>, "Header is shared between processes");
 static_assert(sizeof(Header) < 4096, "the control region should fit one page");
 
 struct Region::Impl {
-  bip::shared_memory_object shm;
-  bip::mapped_region map;
-  std::string name;
-  int fd() const { return shm.get_mapping_handle().handle; }
+  int fd = -1;
+  void* map = nullptr;
+  ~Impl() {
+    if (map != nullptr) ::munmap(map, sizeof(Header));
+    if (fd >= 0) ::close(fd);
+  }
+  int get_fd() const { return fd; }
 };
+
+// The seals every region carries: its size can never change.
+constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW;
 
 namespace {
 
@@ -119,7 +122,6 @@ void write_locked(Header& h, const DevicePartition& dp) {
   h.epoch.store(h.epoch.load(std::memory_order_relaxed) + 1, std::memory_order_release);
 }
 
-bool process_alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 
 // Whether a complete region belongs to the process `pid` that started at
 // `start` (and not to an earlier process that had the same PID).
@@ -127,22 +129,7 @@ bool owned_by(const Header& h, pid_t pid, std::uint64_t start) { return h.pid ==
 
 }  // namespace
 
-// The prefix of every region name: "nvtaskset." normally, or
-// "nvtaskset-<ns>." when kTestNamespaceEnv names a namespace. Tests that run
-// side by side each take their own namespace, so one test's CLI runs (which
-// clean up stale regions) never see the regions another test plants.
-std::string region_prefix() {
-  const char* ns = std::getenv(kTestNamespaceEnv);
-  if (ns == nullptr || *ns == '\0') return "nvtaskset.";
-  const std::string_view v(ns);
-  if (v.size() > 32 || v.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") !=
-                           std::string_view::npos)
-    throw Error(std::string(kTestNamespaceEnv) + "='" + std::string(v).substr(0, 40) +
-                "': want 1-32 letters, digits or '_'");
-  return "nvtaskset-" + std::string(v) + ".";
-}
-
-std::string region_name(pid_t pid) { return region_prefix() + std::to_string(pid); }
+std::string region_name(pid_t pid) { return "nvtaskset." + std::to_string(pid); }
 
 std::uint64_t process_start_time(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
@@ -198,133 +185,184 @@ void init_header(Header& h, const std::vector<DevicePartition>& initial) {
   h.magic.store(kMagic, std::memory_order_release);  // last: attachers see a complete region
 }
 
-Region::Region(std::unique_ptr<Impl> impl)
-    : impl_(std::move(impl)), header_(static_cast<Header*>(impl_->map.get_address())) {}
+Region::Region(std::unique_ptr<Impl> impl) : impl_(std::move(impl)), header_(static_cast<Header*>(impl_->map)) {}
 
 Region::~Region() = default;
+
+namespace {
+
+// How /proc/<pid>/fd shows a region: "/memfd:nvtaskset.<pid> (deleted)".
+std::string memfd_link(pid_t pid) { return "/memfd:" + region_name(pid) + " (deleted)"; }
+
+// The descriptor numbers in /proc/<pid>/fd whose link is `link`. Throws
+// Error on EACCES (another user's process).
+std::vector<int> fds_linking_to(pid_t pid, const std::string& link, bool* denied) {
+  std::vector<int> out;
+  const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) {
+    if (denied) *denied = errno == EACCES || errno == EPERM;
+    return out;
+  }
+  char target[256];
+  while (dirent* ent = ::readdir(d)) {
+    if (ent->d_name[0] < '0' || ent->d_name[0] > '9') continue;
+    const ssize_t n = ::readlinkat(::dirfd(d), ent->d_name, target, sizeof target - 1);
+    if (n <= 0) continue;
+    target[n] = '\0';
+    if (link == target) out.push_back(std::atoi(ent->d_name));
+  }
+  ::closedir(d);
+  return out;
+}
+
+// The effective UID of a process (/proc/<pid>/status "Uid:" field 2), or -1.
+long process_euid(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(f, line);) {
+    if (line.rfind("Uid:", 0) != 0) continue;
+    std::istringstream in(line.substr(4));
+    long real = -1, effective = -1;
+    in >> real >> effective;
+    return effective;
+  }
+  return -1;
+}
+
+// 'R', 'S', 'Z', ...: /proc/<pid>/stat field 3; 0 when there is no such process.
+char process_state(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!f || !std::getline(f, line)) return 0;
+  const auto close = line.rfind(')');
+  return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : 0;
+}
+
+// Checks that `fd` is a region as its task's shim made it; "" or why not.
+std::string check_file(int fd, long uid) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return std::string("cannot stat it: ") + std::strerror(errno);
+  if (!S_ISREG(st.st_mode)) return "it is not a memory file";
+  if (uid >= 0 && st.st_uid != static_cast<uid_t>(uid))
+    return "it is owned by uid " + std::to_string(st.st_uid) + ", not the task's user (uid " + std::to_string(uid) +
+           ")";
+  if ((st.st_mode & 07777) != 0600) {
+    char mode[8];
+    std::snprintf(mode, sizeof mode, "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return std::string("its mode is ") + mode + ", not 0600";
+  }
+  if (st.st_size != static_cast<off_t>(sizeof(Header)))
+    return "its size is " + std::to_string(st.st_size) + " bytes, not " + std::to_string(sizeof(Header));
+  const int seals = ::fcntl(fd, F_GET_SEALS);
+  if (seals < 0 || (seals & kSeals) != kSeals) return "its size is not sealed";
+  return {};
+}
+
+std::unique_ptr<Region::Impl> map_fd(int fd) {
+  auto impl = std::make_unique<Region::Impl>();
+  impl->fd = fd;
+  void* p = ::mmap(nullptr, sizeof(Header), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) throw Error(std::string("cannot map the control region: ") + std::strerror(errno));
+  impl->map = p;
+  return impl;
+}
+
+}  // namespace
 
 std::unique_ptr<Region> Region::create_for_self(const std::vector<DevicePartition>& initial) {
   const pid_t self = ::getpid();
   const std::uint64_t start = process_start_time(self);
-  const std::string name = region_name(self);
-  try {
-    // A region under our name is either ours (a second copy of the shim in
-    // this process created it) or a leftover of a dead process whose PID we
-    // now have.
-    try {
-      auto impl = std::make_unique<Impl>();
-      impl->shm = bip::shared_memory_object(bip::open_only, name.c_str(), bip::read_write);
-      bip::offset_t size = 0;
-      if (impl->shm.get_size(size) && size >= static_cast<bip::offset_t>(sizeof(Header))) {
-        impl->map = bip::mapped_region(impl->shm, bip::read_write);
-        const auto* h = static_cast<const Header*>(impl->map.get_address());
-        if (h->magic.load(std::memory_order_acquire) == kMagic && h->version == kVersion &&
-            owned_by(*h, self, start)) {
-          impl->name = name;
-          return std::unique_ptr<Region>(new Region(std::move(impl)));
-        }
-      }
-      bip::shared_memory_object::remove(name.c_str());
-    } catch (const bip::interprocess_exception&) {
-      // Not there: the normal case.
+  // A region this process already has: an earlier image of it (before
+  // execve) created it, or another copy of the shim in this image did. It
+  // is ours only if everything about it says so; anything else is closed.
+  for (int fd : fds_linking_to(self, memfd_link(self), nullptr)) {
+    if (check_file(fd, static_cast<long>(::geteuid())).empty()) {
+      auto impl = map_fd(::fcntl(fd, F_DUPFD_CLOEXEC, 3));
+      const auto* h = static_cast<const Header*>(impl->map);
+      if (h->magic.load(std::memory_order_acquire) == kMagic && h->version == kVersion && owned_by(*h, self, start))
+        return std::unique_ptr<Region>(new Region(std::move(impl)));
     }
-
-    auto impl = std::make_unique<Impl>();
-    bip::permissions perm;
-    perm.set_permissions(0600);  // owner-only: other users cannot repartition us (root can)
-    impl->shm = bip::shared_memory_object(bip::create_only, name.c_str(), bip::read_write, perm);
-    ::fchmod(impl->fd(), 0600);  // independent of the umask
-    impl->shm.truncate(sizeof(Header));
-    impl->map = bip::mapped_region(impl->shm, bip::read_write);
-    impl->name = name;
-    std::memset(impl->map.get_address(), 0, sizeof(Header));
-    init_header(*new (impl->map.get_address()) Header, initial);
-    return std::unique_ptr<Region>(new Region(std::move(impl)));
-  } catch (const bip::interprocess_exception& e) {
-    throw Error("cannot create the control region " + name + ": " + e.what());
   }
+  // Regions inherited from ancestors (fork) are theirs, not ours: drop the
+  // descriptors (the ancestors keep their own).
+  DIR* d = ::opendir("/proc/self/fd");
+  if (d != nullptr) {
+    std::vector<int> foreign;
+    char target[256];
+    while (dirent* ent = ::readdir(d)) {
+      const ssize_t n = ::readlinkat(::dirfd(d), ent->d_name, target, sizeof target - 1);
+      if (n <= 0) continue;
+      target[n] = '\0';
+      if (std::string_view(target).starts_with("/memfd:nvtaskset.")) foreign.push_back(std::atoi(ent->d_name));
+    }
+    ::closedir(d);
+    for (int fd : foreign) ::close(fd);
+  }
+
+  // Not close-on-exec: the region outlives execve(), so live changes do too.
+  const int fd = ::memfd_create(region_name(self).c_str(), MFD_ALLOW_SEALING);
+  if (fd < 0) throw Error(std::string("cannot create the control region: memfd_create: ") + std::strerror(errno));
+  if (::fchmod(fd, 0600) != 0 || ::ftruncate(fd, sizeof(Header)) != 0 ||
+      ::fcntl(fd, F_ADD_SEALS, kSeals | F_SEAL_SEAL) != 0) {
+    const int err = errno;
+    ::close(fd);
+    throw Error(std::string("cannot create the control region: ") + std::strerror(err));
+  }
+  auto impl = map_fd(fd);
+  std::memset(impl->map, 0, sizeof(Header));
+  init_header(*new (impl->map) Header, initial);
+  return std::unique_ptr<Region>(new Region(std::move(impl)));
 }
 
 std::unique_ptr<Region> Region::attach(pid_t pid) {
   if (pid <= 0) throw Error("invalid pid " + std::to_string(pid));
-  const std::string name = region_name(pid);
-  if (!process_alive(pid)) {
-    try {
-      bip::shared_memory_object::remove(name.c_str());  // stale leftover, if any
-    } catch (...) {
+  const char state = process_state(pid);
+  if (state == 0) throw Error(pid_str(pid) + ": no such process");
+  if (state == 'Z' || state == 'X') throw Error(pid_str(pid) + " has exited (a zombie not yet reaped by its parent)");
+  bool denied = false;
+  const std::vector<int> fds = fds_linking_to(pid, memfd_link(pid), &denied);
+  if (denied)
+    throw Error(pid_str(pid) + " belongs to another user: only its owner and root can query or change its TPCs");
+  if (fds.empty()) throw Error(pid_str(pid) + " is not running under nvtaskset");
+  const long uid = process_euid(pid);
+  std::string why;
+  for (int n : fds) {
+    // A "magic link" to the task's own descriptor: the kernel lets only the
+    // task's user and root through it.
+    const std::string path = "/proc/" + std::to_string(pid) + "/fd/" + std::to_string(n);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EACCES || errno == EPERM)
+        throw Error(pid_str(pid) + " belongs to another user: only its owner and root can query or change its TPCs");
+      continue;  // closed meanwhile
     }
-    throw Error(pid_str(pid) + ": no such process");
-  }
-  auto impl = std::make_unique<Impl>();
-  try {
-    impl->shm = bip::shared_memory_object(bip::open_only, name.c_str(), bip::read_write);
-  } catch (const bip::interprocess_exception& e) {
-    if (e.get_error_code() == bip::security_error)
-      throw Error(pid_str(pid) + " belongs to another user (permission denied on its control region)");
-    throw Error(pid_str(pid) + " is not running under nvtaskset");
-  }
-  bip::offset_t size = 0;
-  if (!impl->shm.get_size(size) || size < static_cast<bip::offset_t>(sizeof(Header)))
-    throw Error(pid_str(pid) + "'s control region has an unknown size (another nvtaskset version?)");
-  impl->map = bip::mapped_region(impl->shm, bip::read_write);
-  impl->name = name;
-  auto* h = static_cast<Header*>(impl->map.get_address());
-  // The shim stores the magic last; a task that is still starting gets a
-  // short, bounded grace period.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
-  while (h->magic.load(std::memory_order_acquire) != kMagic) {
-    if (std::chrono::steady_clock::now() > deadline)
-      throw Error(pid_str(pid) + "'s control region is not an nvtaskset region");
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
-  if (h->version != kVersion)
-    throw Error(pid_str(pid) + "'s control region has version " + std::to_string(h->version) + ", expected " +
-                std::to_string(kVersion));
-  if (!owned_by(*h, pid, process_start_time(pid))) {
-    // The PID was reused: the region belongs to a process that is gone.
-    bip::shared_memory_object::remove(name.c_str());
-    throw Error(pid_str(pid) + " is not running under nvtaskset");
-  }
-  return std::unique_ptr<Region>(new Region(std::move(impl)));
-}
-
-unsigned Region::remove_stale() {
-  unsigned removed = 0;
-  DIR* d = ::opendir("/dev/shm");
-  if (!d) return 0;
-  const uid_t me = ::getuid();
-  const std::string prefix = region_prefix();
-  while (dirent* ent = ::readdir(d)) {
-    const std::string n = ent->d_name;
-    if (n.rfind(prefix, 0) != 0) continue;
-    pid_t pid = 0;
-    try {
-      std::size_t used = 0;
-      pid = static_cast<pid_t>(std::stol(n.substr(prefix.size()), &used));
-      if (used != n.size() - prefix.size()) continue;
-    } catch (...) {
+    why = check_file(fd, uid);
+    if (!why.empty()) {
+      ::close(fd);
       continue;
     }
-    struct stat st {};
-    if (::fstatat(::dirfd(d), ent->d_name, &st, 0) != 0) continue;
-    if (me != 0 && st.st_uid != me) continue;
-    bool stale = !process_alive(pid);
-    if (!stale) {
-      try {
-        bip::shared_memory_object shm(bip::open_only, n.c_str(), bip::read_only);
-        bip::offset_t size = 0;
-        if (shm.get_size(size) && size >= static_cast<bip::offset_t>(sizeof(Header))) {
-          bip::mapped_region map(shm, bip::read_only);
-          const auto* h = static_cast<const Header*>(map.get_address());
-          stale = h->magic.load(std::memory_order_acquire) == kMagic && !owned_by(*h, pid, process_start_time(pid));
-        }
-      } catch (...) {
-      }
+    auto impl = map_fd(fd);
+    auto* h = static_cast<Header*>(impl->map);
+    // The shim stores the magic last: a task still starting gets a short,
+    // bounded grace period.
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(200);
+    while (h->magic.load(std::memory_order_acquire) == 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const std::uint32_t magic = h->magic.load(std::memory_order_acquire);
+    if (magic != kMagic || h->version != kVersion) {
+      why = magic == kMagic ? "it has version " + std::to_string(h->version) + ", this nvtaskset knows " +
+                                  std::to_string(kVersion)
+                            : "its header is not an nvtaskset header";
+      continue;
     }
-    if (stale && bip::shared_memory_object::remove(n.c_str())) ++removed;
+    if (!owned_by(*h, pid, process_start_time(pid))) {
+      why = "its header names pid " + std::to_string(h->pid) + ", not this process";
+      continue;
+    }
+    return std::unique_ptr<Region>(new Region(std::move(impl)));
   }
-  ::closedir(d);
-  return removed;
+  if (why.empty()) throw Error(pid_str(pid) + " is not running under nvtaskset");
+  throw Error("control region of pid " + std::to_string(pid) + " is corrupt: " + why);
 }
 
 std::vector<DevicePartition> Region::read_all() const {
@@ -350,15 +388,8 @@ std::vector<DevicePartition> read_all(const Header& h) {
 }
 
 void Region::write(const DevicePartition& dp) {
-  WriterLock lock(impl_->fd());
+  WriterLock lock(impl_->get_fd());
   write_locked(*header_, dp);
-}
-
-void Region::unlink() noexcept {
-  try {
-    bip::shared_memory_object::remove(impl_->name.c_str());
-  } catch (...) {
-  }
 }
 
 }  // namespace nvtaskset::ctl

@@ -574,20 +574,16 @@ void log_cluster_sizes() {
       h->kernels_launched.load(std::memory_order_relaxed));
 }
 
-void unlink_at_exit() {
-  log_cluster_sizes();
-  // Only the creator removes its region: a fork child that inherited this
-  // handler but failed to make its own must not remove its parent's.
-  ctl::Region* r = g_region.load(std::memory_order_acquire);
-  if (r != nullptr && r->pid() == ::getpid()) r->unlink();
-}
+// The region needs no cleanup: it is an anonymous memory file that goes
+// away with the process.
+void at_exit() { log_cluster_sizes(); }
 
 void atfork_prepare() { pthread_mutex_lock(&g_log_mu); }
 void atfork_parent() { pthread_mutex_unlock(&g_log_mu); }
 
 // The child gets its own region, seeded with the parent's partitions as they
 // are now; the parent's region stays mapped (a launch in flight may still read
-// it) and is never unlinked here.
+// it).
 void atfork_child() {
   g_log_mu = PTHREAD_MUTEX_INITIALIZER;
   ctl::Header* old = g_header.load(std::memory_order_acquire);
@@ -708,7 +704,7 @@ void run_init() {
   g_header.store(header, std::memory_order_release);
   graphs::set_header(&g_header);
   graphs::set_warn([](const char* m) { log(spdlog::level::warn, "{}", m); });
-  std::atexit(unlink_at_exit);
+  std::atexit(at_exit);
   ::pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
   // What applies now: `initial`, unless the region already existed (an
   // earlier image of this process before execve(), or another copy of the

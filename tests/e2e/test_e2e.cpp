@@ -51,11 +51,17 @@ const std::string kGraphLauncher = NVTASKSET_E2E_GRAPH_LAUNCHER;
 
 std::string shim_dir() { return fs::path(kShim).parent_path().string(); }
 
-// Tests run side by side (ctest -j) each in their own control-region
-// namespace (NVTASKSET_TEST_NAMESPACE): a CLI run in one test cleans up
-// stale regions and must never see the regions another test plants.
-const std::string kRegionNamespace = "e2e" + std::to_string(::getpid());
-std::string region_path(long pid) { return "/dev/shm/nvtaskset-" + kRegionNamespace + "." + std::to_string(pid); }
+// The descriptor through which process `pid` holds its control region (an
+// anonymous memory file, "/memfd:nvtaskset.<pid>"), or "" when it has none.
+std::string region_fd(long pid) {
+  const std::string want = "/memfd:nvtaskset." + std::to_string(pid) + " (deleted)";
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+    std::error_code ec2;
+    if (fs::read_symlink(e.path(), ec2).string() == want) return e.path().string();
+  }
+  return "";
+}
 
 // Any child (nvtaskset, -p, a launcher) must finish within this.
 constexpr Ms kTimeout = 20s;
@@ -232,10 +238,7 @@ class E2E : public ::testing::Test {
 
   void TearDown() override {
     for (auto& p : procs_) {
-      const bool was_running = !p->reaped;
       p->kill_group();
-      // A process killed here could not remove its control region.
-      if (was_running) ::unlink(region_path(p->pid).c_str());
     }
     for (const auto& f : cleanup_) ::unlink(f.c_str());
     std::error_code ec;
@@ -259,7 +262,6 @@ class E2E : public ::testing::Test {
       e[k] = kv.substr(eq + 1);
     }
     e["NVTASKSET_REAL_LIBCUDA"] = kFake;
-    e["NVTASKSET_TEST_NAMESPACE"] = kRegionNamespace;
     e["FAKECUDA_RECORD"] = record_;
     // Keep any topology cache or config of the CLI inside this test.
     e["XDG_CACHE_HOME"] = path("cache");
@@ -833,7 +835,7 @@ TEST_F(E2E, ForkedChildGetsItsOwnRegionWithTheParentsPartition) {
   Result q = run({kCli, "-p", std::to_string(child)});
   EXPECT_TRUE(ExitedWith(q, 0));
   EXPECT_EQ(q.out, pid_line(child, "current TPC list", "0-3")) << q;
-  EXPECT_TRUE(exists(region_path(child)));
+  EXPECT_NE(region_fd(child), "");
 
   // Its own region: moving the child leaves the parent where it was.
   q = run({kCli, "-p", "-t", "6-7", std::to_string(child)});
@@ -850,7 +852,6 @@ TEST_F(E2E, ForkedChildGetsItsOwnRegionWithTheParentsPartition) {
   const auto child_recs = records_of(child);
   ASSERT_FALSE(child_recs.empty());
   EXPECT_EQ(child_recs.front().mask, disable64(0xf)) << "the child's first launch was not masked";
-  EXPECT_FALSE(exists(region_path(child)));
 }
 
 TEST_F(E2E, ExecdChildGetsTheParentsCurrentPartition) {
@@ -1028,28 +1029,28 @@ TEST_F(E2E, RegionLivesExactlyAsLongAsTheTask) {
                    "--ready-file", ready});
   const long pid = wait_ready(ready, p);
   ASSERT_GT(pid, 0) << p.wait();
-  const std::string region = region_path(pid);
+  const std::string region = region_fd(pid);
+  ASSERT_NE(region, "") << "pid " << pid << " holds no control region";
   struct stat st;
   ASSERT_EQ(::stat(region.c_str(), &st), 0) << region << ": " << std::strerror(errno);
   EXPECT_EQ(st.st_mode & 07777, 0600u) << "region mode " << std::oct << (st.st_mode & 07777);
   EXPECT_EQ(st.st_uid, ::getuid());
 
-  // A stale copy: a region whose process is gone.
+  // A PID that is gone: taskset's answer.
   Proc& gone = start({"true"});
   ASSERT_TRUE(ExitedWith(gone.wait(), 0));
-  const std::string stale = region_path(gone.pid);
-  cleanup_.push_back(stale);
-  fs::copy_file(region, stale);
-  ::chmod(stale.c_str(), 0600);
   const Result q = run({kCli, "-p", std::to_string(gone.pid)});
   EXPECT_TRUE(FailedWithOneLine(q));
-  // taskset's answer for a PID that is gone; the leftover region goes with it.
   EXPECT_EQ(q.err, "nvtaskset: pid " + std::to_string(gone.pid) + ": no such process\n") << q;
-  EXPECT_FALSE(exists(stale)) << "stale region was not removed";
 
   touch(until);
   EXPECT_TRUE(ExitedWith(p.wait(), 0));
-  EXPECT_FALSE(exists(region)) << "region outlived its task";
+  // The region lived in the task: nothing of it is left anywhere.
+  std::vector<std::string> left;
+  for (const auto& f : fs::directory_iterator("/dev/shm"))
+    if (f.path().filename().string().find("nvtaskset." + std::to_string(pid)) != std::string::npos)
+      left.push_back(f.path().string());
+  EXPECT_TRUE(left.empty()) << ::testing::PrintToString(left);
 }
 
 TEST_F(E2E, LeavesNoTemporaryFiles) {

@@ -8,7 +8,11 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <thread>
+
+#include <sys/mman.h>
+#include <fcntl.h>
 
 #include "nvtaskset/control_region.hpp"
 
@@ -17,10 +21,22 @@ using namespace nvtaskset::ctl;
 
 namespace {
 
-std::string shm_path(pid_t pid) { return "/dev/shm/" + region_name(pid); }
-bool exists(const std::string& p) {
-  struct stat st {};
-  return ::stat(p.c_str(), &st) == 0;
+// The descriptor through which this process holds its region, or -1.
+int own_region_fd() {
+  const std::string want = "/memfd:" + region_name(::getpid()) + " (deleted)";
+  for (int fd = 0; fd < 1024; ++fd) {
+    char target[256];
+    const ssize_t n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), target, sizeof target - 1);
+    if (n > 0 && std::string(target, static_cast<std::size_t>(n)) == want) return fd;
+  }
+  return -1;
+}
+
+// Waits for a forked child's status; -1 when it did not exit normally.
+int exit_code(pid_t child) {
+  int status = 0;
+  if (::waitpid(child, &status, 0) != child || !WIFEXITED(status)) return -1;
+  return WEXITSTATUS(status);
 }
 
 DevicePartition tpcs(std::uint64_t enabled_lo, std::uint64_t enabled_hi = 0) {
@@ -35,7 +51,6 @@ DevicePartition tpcs(std::uint64_t enabled_lo, std::uint64_t enabled_hi = 0) {
 struct SelfRegion {
   std::unique_ptr<Region> r;
   explicit SelfRegion(const std::vector<DevicePartition>& init) : r(Region::create_for_self(init)) {}
-  ~SelfRegion() { r->unlink(); }
 };
 
 std::string attach_error(pid_t pid) {
@@ -91,15 +106,24 @@ TEST(ControlRegion, RunsOutOfDeviceSlotsWithAnError) {
   EXPECT_THROW(self.r->write(extra), Error);
 }
 
-TEST(ControlRegion, OwnerOnlyAndRemovedByUnlink) {
+TEST(ControlRegion, OwnerOnlySealedAndGoneWithTheRegion) {
   const pid_t me = ::getpid();
   {
     SelfRegion self({tpcs(1)});
+    const int fd = own_region_fd();
+    ASSERT_GE(fd, 0);
     struct stat st {};
-    ASSERT_EQ(::stat(shm_path(me).c_str(), &st), 0);
-    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    ASSERT_EQ(::fstat(fd, &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 0600u);
+    EXPECT_EQ(st.st_size, static_cast<off_t>(sizeof(Header)));
+    // Nobody, not even the owner, can change its size under the task (a
+    // truncated mapping would kill the task with SIGBUS at its next launch).
+    EXPECT_NE(::ftruncate(fd, 0), 0);
+    EXPECT_EQ(errno, EPERM);
+    EXPECT_NE(::ftruncate(fd, 100), 0);
+    // And nothing appears in a shared namespace another user could squat.
+    EXPECT_FALSE(std::ifstream("/dev/shm/" + region_name(me)).good());
   }
-  EXPECT_FALSE(exists(shm_path(me)));
   EXPECT_EQ(attach_error(me), "pid " + std::to_string(me) + " is not running under nvtaskset");
 }
 
@@ -130,73 +154,87 @@ TEST(ControlRegion, AnotherUserCannotAttach) {
     EXPECT_EQ(WEXITSTATUS(status), 0);
   } else {
     // Not root: a region we may not open looks exactly like another user's.
-    ASSERT_EQ(::chmod(shm_path(me).c_str(), 0), 0);
+    const int fd = own_region_fd();
+    ASSERT_EQ(::fchmod(fd, 0), 0);
     EXPECT_NE(attach_error(me).find("belongs to another user"), std::string::npos);
-    ::chmod(shm_path(me).c_str(), 0600);
+    ::fchmod(fd, 0600);
   }
 }
 
-TEST(ControlRegion, BadAndDeadPids) {
+TEST(ControlRegion, BadDeadAndZombiePids) {
   EXPECT_EQ(attach_error(0), "invalid pid 0");
   EXPECT_EQ(attach_error(-5), "invalid pid -5");
-  // A child that creates a region and dies without removing it.
+  // A child that creates a region and exits: a zombie until reaped, then gone.
+  int pipefd[2];
+  ASSERT_EQ(::pipe(pipefd), 0);
   const pid_t child = ::fork();
   if (child == 0) {
     Region::create_for_self({tpcs(1)}).release();
     ::_exit(0);
   }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(exists(shm_path(child)));
+  ::close(pipefd[1]);
+  char c;
+  ASSERT_EQ(::read(pipefd[0], &c, 1), 0);  // EOF: the child has exited
+  ::close(pipefd[0]);
+  // Still unreaped: a zombie is dead, whatever its region said.
+  for (int i = 0; i < 200 && attach_error(child).find("zombie") == std::string::npos; ++i) ::usleep(5000);
+  EXPECT_EQ(attach_error(child), "pid " + std::to_string(child) + " has exited (a zombie not yet reaped by its parent)");
+  ASSERT_EQ(exit_code(child), 0);
   EXPECT_EQ(attach_error(child), "pid " + std::to_string(child) + ": no such process");
-  EXPECT_FALSE(exists(shm_path(child)));  // the stale leftover was removed
 }
 
-TEST(ControlRegion, ReusedPidIsDetectedAsStale) {
-  // A live process (sleep) that never ran nvtaskset, and a leftover region
-  // under its PID from a process that had that PID before.
-  const pid_t sleeper = ::fork();
-  if (sleeper == 0) {
-    ::execlp("sleep", "sleep", "30", nullptr);
-    ::_exit(127);
-  }
-  // Killed and reaped however the test ends (a failed ASSERT returns early).
-  struct Reaper {
-    pid_t pid;
-    ~Reaper() {
-      int st = 0;
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &st, 0);
+// A process that holds a memory file named like a region which its shim did
+// not make (wrong mode, unsealed, wrong size, a header for another pid) is
+// refused with the reason, never used.
+TEST(ControlRegion, RegionNotMadeByTheShimIsRefused) {
+  struct Case {
+    const char* what;
+    std::function<void(int fd)> spoil;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"mode", [](int fd) { ::fchmod(fd, 0666); }, "its mode is 0666, not 0600"},
+      {"unsealed", [](int) {}, "its size is not sealed"},
+      {"size", [](int fd) { ::ftruncate(fd, 100); }, "its size is 100 bytes, not"},
+      {"pid", [](int fd) {
+         auto* h = static_cast<Header*>(::mmap(nullptr, sizeof(Header), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+         h->pid = 1;
+       }, "its header names pid 1"},
+  };
+  for (const Case& c : cases) {
+    int ready[2];
+    ASSERT_EQ(::pipe(ready), 0);
+    const pid_t child = ::fork();
+    if (child == 0) {
+      // A well-formed region for this child, then spoiled one way.
+      const int fd = ::memfd_create(region_name(::getpid()).c_str(), MFD_ALLOW_SEALING);
+      ::fchmod(fd, 0600);
+      ::ftruncate(fd, sizeof(Header));
+      auto* h = static_cast<Header*>(::mmap(nullptr, sizeof(Header), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+      init_header(*h, {tpcs(1)});
+      c.spoil(fd);
+      if (std::string(c.what) != "unsealed" && std::string(c.what) != "size")
+        ::fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW);
+      ::write(ready[1], "x", 1);
+      ::pause();
+      ::_exit(0);
     }
-  } reaper{sleeper};
-  const pid_t writer = ::fork();
-  if (writer == 0) {
-    auto r = Region::create_for_self({tpcs(1)});
-    // Pretend this region belongs to `sleeper` but with another start time.
-    const std::string from = shm_path(::getpid()), to = shm_path(sleeper);
-    ::_exit(::rename(from.c_str(), to.c_str()) == 0 ? 0 : 1);
+    struct Reaper {
+      pid_t pid;
+      ~Reaper() {
+        int st = 0;
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &st, 0);
+      }
+    } reaper{child};
+    char x;
+    ASSERT_EQ(::read(ready[0], &x, 1), 1);
+    ::close(ready[0]);
+    ::close(ready[1]);
+    const std::string err = attach_error(child);
+    EXPECT_TRUE(err.starts_with("control region of pid " + std::to_string(child) + " is corrupt: ")) << c.what << ": " << err;
+    EXPECT_NE(err.find(c.expect), std::string::npos) << c.what << ": " << err;
   }
-  int status = 0;
-  ASSERT_EQ(::waitpid(writer, &status, 0), writer);
-  ASSERT_EQ(WEXITSTATUS(status), 0);
-  ASSERT_TRUE(exists(shm_path(sleeper)));
-  EXPECT_EQ(attach_error(sleeper), "pid " + std::to_string(sleeper) + " is not running under nvtaskset");
-  EXPECT_FALSE(exists(shm_path(sleeper)));
-}
-
-TEST(ControlRegion, RemoveStaleCleansLeftovers) {
-  const pid_t child = ::fork();
-  if (child == 0) {
-    Region::create_for_self({tpcs(1)}).release();
-    ::_exit(0);
-  }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(exists(shm_path(child)));
-  SelfRegion live({tpcs(1)});
-  EXPECT_GE(Region::remove_stale(), 1u);
-  EXPECT_FALSE(exists(shm_path(child)));
-  EXPECT_TRUE(exists(shm_path(::getpid())));  // live regions stay
 }
 
 // Writers flip between masks whose halves are tied together (hi == ~lo)

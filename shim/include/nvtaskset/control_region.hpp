@@ -156,28 +156,31 @@ struct Error : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// For tests only: a namespace for region names (letters, digits, '_'), so
-// tests running in parallel never see each other's regions. Unset in normal use.
-inline constexpr const char* kTestNamespaceEnv = "NVTASKSET_TEST_NAMESPACE";
-
-// Name of the region of a PID (Boost.Interprocess shared-memory name, i.e.
-// /dev/shm/<name>): "nvtaskset.<pid>", or "nvtaskset-<ns>.<pid>" in a test
-// namespace. Throws Error on a malformed namespace.
+// Where a task's region lives (docs/design.md, "The control region"): an
+// anonymous, sealed memory file (memfd_create) that the task's shim creates
+// and keeps open, named "nvtaskset.<pid>". Nothing of it exists in a shared
+// namespace, so no other user can create, replace or squat it; it can only
+// be opened through /proc/<pid>/fd, which the kernel allows to the task's
+// own user and root only; its size is sealed, so even they cannot truncate
+// it under the task (a mapping past the end would fault); and it vanishes
+// with the process. The descriptor stays open across execve(), so a
+// partition changed live survives the task exec'ing another program.
 std::string region_name(pid_t pid);
 // /proc/<pid>/stat field 22, or 0 when the process does not exist.
 std::uint64_t process_start_time(pid_t pid);
 
 class Region {
  public:
-  // Shim side: create (or take over a stale) region for the calling process,
-  // owner-only (0600), seeded with `initial`. Throws Error.
+  // Shim side: the calling process's region, seeded with `initial`; or the
+  // region an earlier image of this process (before execve) created, which
+  // keeps its live partitions. Throws Error.
   static std::unique_ptr<Region> create_for_self(const std::vector<DevicePartition>& initial);
-  // CLI side: attach to a live process's region. Throws Error with messages
-  // such as "pid 42 is not running under nvtaskset" or "permission denied".
+  // CLI side: open a live process's region, after checking that it is the
+  // process's own (owner, mode 0600, exact size, sealed, pid and start
+  // time). Throws Error with one-line messages: "pid 42: no such process",
+  // "pid 42 is not running under nvtaskset", "pid 42 belongs to another
+  // user ...", "control region of pid 42 is corrupt: ...".
   static std::unique_ptr<Region> attach(pid_t pid);
-  // Removes regions whose process is gone or whose PID was reused; returns
-  // how many were removed. Regions of other users are left alone.
-  static unsigned remove_stale();
   ~Region();
   Region(const Region&) = delete;
   Region& operator=(const Region&) = delete;
@@ -186,16 +189,16 @@ class Region {
   const Header& header() const noexcept { return *header_; }
   pid_t pid() const noexcept { return header_->pid; }
 
-  // All entries in use (consistent snapshot of each).
+  // All entries in use (consistent snapshot of each). Throws Error when the
+  // region cannot be read consistently (corrupt).
   std::vector<DevicePartition> read_all() const;
   // Replace the partition of `device` (adding an entry if needed). Writers
   // are serialised across processes. Throws Error when all slots are taken.
   void write(const DevicePartition& dp);
-  // Remove the region's name (the mapping stays valid until destruction).
-  void unlink() noexcept;
+
+  struct Impl;  // the descriptor and the mapping (opaque)
 
  private:
-  struct Impl;  // Boost.Interprocess objects
   explicit Region(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
   Header* header_ = nullptr;
