@@ -257,6 +257,32 @@ struct Options {
   std::string system_wide;
 };
 
+// A CUDA driver named in LD_PRELOAD is loaded before anything else, so the
+// task would bind libcuda.so.1 to it and never load the shim: every kernel
+// on all TPCs while nvtaskset said otherwise. Refused, not silently fixed:
+// the user asked for that preload. (The shim itself may be preloaded.)
+void refuse_preloaded_driver(const std::vector<std::string>& env) {
+  for (const auto& e : env) {
+    if (!e.starts_with("LD_PRELOAD=")) continue;
+    std::string item;
+    const std::string value = e.substr(std::strlen("LD_PRELOAD="));
+    for (std::size_t i = 0; i <= value.size(); ++i) {
+      if (i < value.size() && value[i] != ':' && value[i] != ' ') {
+        item += value[i];
+        continue;
+      }
+      const std::string base = fs::path(item).filename().string();
+      // A bare name is searched like any library, and finds the shim first.
+      std::error_code ec;
+      if (base.starts_with("libcuda.so") && item.find('/') != std::string::npos && fs::exists(item, ec) &&
+          !is_shim_library(item))
+        throw Failure("LD_PRELOAD names the CUDA driver (" + item +
+                      "): the task would load it instead of nvtaskset's shim and run on all TPCs; remove it");
+      item.clear();
+    }
+  }
+}
+
 int do_launch(const Options& o, const std::vector<std::string>& env) {
   std::vector<Request> requests = o.requests;
   std::size_t first_cmd = 0;
@@ -278,6 +304,7 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
   if (shim_dir.empty())
     throw Failure("cannot find the shim libcuda.so.1 (looked in ../" NVTASKSET_SHIM_RELDIR
                   " next to nvtaskset; set NVTASKSET_SHIM_DIR)");
+  refuse_preloaded_driver(env);
   Devices devices(shim_copies(shim_dir), o.topology_file);
 
   if (requests.size() > ctl::kMaxDevices)
@@ -338,8 +365,14 @@ int do_pid(const Options& o) {
   if (pos.size() != 1) throw Failure("-p takes [MASK | -t LIST | -g LIST | --physical MASK] PID (see --help)");
   const pid_t pid = parse_pid(pos[0]);
   const auto region = ctl::Region::attach(pid);
+  const std::string corrupt = "control region of pid " + std::to_string(pid) + " is corrupt: ";
+  if (const std::string why = ctl::validate(region->header()); !why.empty()) throw Failure(corrupt + why);
   const std::vector<DevicePartition> current = region->read_all();
   const TaskStats stats = task_stats(region->header());
+  // A partition the task cannot apply must never be reported (or set) as if
+  // it held.
+  if (const std::string why = ctl::cannot_apply(region->header()); !why.empty())
+    throw Failure("pid " + std::to_string(pid) + " runs on all TPCs: " + why);
 
   Devices devices(shim_copies(o.shim_dir), o.topology_file);
 
@@ -371,8 +404,23 @@ int do_pid(const Options& o) {
   for (const Request& r : requests) {
     const topo::DeviceInfo& dev = r.device.empty() ? default_device() : devices.select(r.device);
     Step st{&dev, {}, {}, r.kind, r.kind != SpecKind::kNone};
-    for (const auto& dp : current)
-      if (dp.device == dev.uuid || dp.device == kAnyDevice) st.cur = dp.partition;
+    if (const DevicePartition* dp = ctl::applied_to(current, dev.uuid)) st.cur = dp->partition;
+    // What is shown must be what the kernels get: the logical view the
+    // region carries must translate to the mask the shim applies.
+    const bool logical = st.cur.kind == SpecKind::kTpcList || st.cur.kind == SpecKind::kTpcMask ||
+                         st.cur.kind == SpecKind::kGpcList;
+    if (logical) {
+      const topo::Topology* t = devices.known_topology(dev);
+      std::string mismatch;
+      try {
+        if (t && topo::to_physical(*t, st.cur.tpcs) != st.cur.enabled)
+          mismatch = "its TPC list " + format_list(st.cur.tpcs.bits) + " does not match the mask its kernels get (" +
+                     st.cur.enabled.bits.to_hex() + ")";
+      } catch (const std::exception& e) {
+        mismatch = std::string("its TPC list does not fit the GPU: ") + e.what();
+      }
+      if (!mismatch.empty()) throw Failure(corrupt + mismatch);
+    }
     // A query answers in the terms the partition was set in; a change in
     // the terms of the new value.
     if (st.form == SpecKind::kNone)

@@ -365,6 +365,58 @@ std::unique_ptr<Region> Region::attach(pid_t pid) {
   throw Error("control region of pid " + std::to_string(pid) + " is corrupt: " + why);
 }
 
+std::string validate(const Header& h) {
+  for (unsigned i = 0; i < kMaxDevices; ++i) {
+    const DeviceEntry& e = h.devices[i];
+    const std::uint32_t in_use = e.in_use.load(std::memory_order_acquire);
+    if (in_use > 1) return "device slot " + std::to_string(i) + " has flag " + std::to_string(in_use);
+    if (in_use == 0) continue;
+    Partition p;
+    try {
+      p = read_partition(e);
+    } catch (const Error&) {
+      return "device slot " + std::to_string(i) + " cannot be read consistently";
+    }
+    if (static_cast<std::uint32_t>(p.kind) > static_cast<std::uint32_t>(SpecKind::kPhysical))
+      return "device slot " + std::to_string(i) + " has partition kind " + std::to_string(static_cast<unsigned>(p.kind));
+    if (p.active() && p.enabled.empty()) return "device slot " + std::to_string(i) + " enables no TPC";
+    if (e.sm_count > 256 || e.sm_count % 2 != 0 || e.cc_major > 99 || e.cc_minor > 9)
+      return "device slot " + std::to_string(i) + " describes an impossible GPU (" + std::to_string(e.sm_count) +
+             " SMs, compute capability " + std::to_string(e.cc_major) + "." + std::to_string(e.cc_minor) + ")";
+    for (unsigned j = 0; j < i; ++j)
+      if (h.devices[j].in_use.load(std::memory_order_acquire) == 1 &&
+          std::memcmp(h.devices[j].uuid, e.uuid, 16) == 0)
+        return "device slots " + std::to_string(j) + " and " + std::to_string(i) + " name the same GPU";
+  }
+  return {};
+}
+
+const DevicePartition* applied_to(const std::vector<DevicePartition>& parts, const DeviceUuid& device) {
+  const DevicePartition* any = nullptr;
+  for (const auto& dp : parts) {
+    if (dp.device == device) return &dp;
+    if (dp.device == kAnyDevice && any == nullptr) any = &dp;
+  }
+  return any;
+}
+
+std::string cannot_apply(const Header& h) {
+  if (h.callback_registered.load(std::memory_order_acquire) == 0)
+    return "its shim could not hook kernel launches";
+  if (const std::uint64_t n = h.kernels_unmasked.load(std::memory_order_relaxed))
+    return std::to_string(n) + " of its kernels ran on all TPCs (" +
+           (h.kernels_unsupported.load(std::memory_order_relaxed) != 0
+                ? "a TMD layout nvtaskset does not know, QMD version 0x" +
+                      [&] {
+                        char b[8];
+                        std::snprintf(b, sizeof b, "%x", h.last_tmd_version.load(std::memory_order_relaxed));
+                        return std::string(b);
+                      }() + ", NVTASKSET_ON_UNSUPPORTED=warn"
+                : std::string("no partition could be read from its control region")) +
+           ")";
+  return {};
+}
+
 std::vector<DevicePartition> Region::read_all() const {
   try {
     return ctl::read_all(*header_);

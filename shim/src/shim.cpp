@@ -432,6 +432,20 @@ void remember(unsigned slot, std::uint64_t generation, const ctl::LaunchView& v)
   g.seq.store(s + 2, std::memory_order_release);
 }
 
+bool recall(unsigned slot, ctl::LaunchView& v) noexcept;
+
+// With the whole header corrupt, the slot is unknown too: the last good
+// partition stands only when this process ever read exactly one.
+bool recall_only(ctl::LaunchView& v) noexcept {
+  int found = -1;
+  for (unsigned i = 0; i < ctl::kMaxDevices; ++i)
+    if (g_last_good[i].generation.load(std::memory_order_relaxed) != 0) {
+      if (found >= 0) return false;
+      found = static_cast<int>(i);
+    }
+  return found >= 0 && recall(static_cast<unsigned>(found), v);
+}
+
 bool recall(unsigned slot, ctl::LaunchView& v) noexcept {
   const LastGood& g = g_last_good[slot];
   for (int t = 0; t < ctl::kReadTries; ++t) {
@@ -500,6 +514,23 @@ void note_cluster(ctl::Header& h, std::uint32_t blocks) noexcept {
   std::abort();
 }
 
+// A header whose magic is gone: the last good partition, said once and
+// counted; false (and counted as unmasked) when there is none to fall back on.
+[[gnu::cold, gnu::noinline]] bool corrupt_header(ctl::Header& h, ctl::LaunchView& view) noexcept {
+  if (recall_only(view)) {
+    bump(h.stale_reads);
+    Msg m = prefix("warning: ");
+    m.add("the control region is corrupt; using the last partition read\n");
+    say_once(g_stale_reported, m);
+    return true;
+  }
+  bump(h.kernels_unmasked);
+  Msg m = prefix("warning: ");
+  m.add("the control region is corrupt and no partition was read before; kernels run on all TPCs\n");
+  say_once(g_unmasked_reported, m);
+  return false;
+}
+
 void on_launch(void* /*userdata*/, int domain, int cbid, const void* params) noexcept {
   void* t = hook::tmd_of(domain, cbid, params);
   if (t == nullptr) return;
@@ -507,23 +538,30 @@ void on_launch(void* /*userdata*/, int domain, int cbid, const void* params) noe
   ctl::Header* h = g_header.load(std::memory_order_acquire);
   if (h == nullptr) return;
   bump(h->kernels_launched);
-  const ctl::DeviceEntry* e = select_entry(*h);
-  if (e == nullptr) return;
-  const auto slot = static_cast<unsigned>(e - h->devices);
   ctl::LaunchView view;
-  switch (ctl::read_launch_view(*e, view)) {
+  const ctl::DeviceEntry* e = nullptr;
+  if (h->magic.load(std::memory_order_relaxed) != ctl::kMagic) [[unlikely]] {
+    // Overwritten by someone (only the task's own user can): nothing in it
+    // can be trusted, not even which entry is ours.
+    if (!corrupt_header(*h, view)) return;
+  } else {
+    e = select_entry(*h);
+    if (e == nullptr) return;
+  }
+  const auto slot = e ? static_cast<unsigned>(e - h->devices) : 0;
+  switch (e ? ctl::read_launch_view(*e, view) : ctl::ReadResult::kOk) {
     case ctl::ReadResult::kNone:
       return;
     case ctl::ReadResult::kOk:
       // The CLI never writes a partition without a TPC; such a mask hangs
       // every kernel, so it can only be corruption.
       if ((view.enabled_lo | view.enabled_hi) != 0) [[likely]] {
-        remember(slot, e->generation.load(std::memory_order_relaxed), view);
+        if (e) remember(slot, e->generation.load(std::memory_order_relaxed), view);
         break;
       }
       [[fallthrough]];
     case ctl::ReadResult::kInconsistent:
-      if (!recall(slot, view)) {
+      if (!(e ? recall(slot, view) : recall_only(view))) {
         bump(h->kernels_unmasked);
         Msg m = prefix("warning: ");
         m.add("the control region holds no readable partition; kernels run on all TPCs\n");

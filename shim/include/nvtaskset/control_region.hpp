@@ -208,6 +208,21 @@ class Region {
 // ("inconsistent") when no consistent copy is read within kReadTries.
 Partition read_partition(const DeviceEntry& e);
 
+// Checks what a reader can check of a region without the device: entry
+// flags, partition kinds, a non-empty mask for every active partition, a
+// device description a GPU can have (at most 256 SMs: masks have 128 bits),
+// no device given twice. Returns "" or the first problem, one line.
+std::string validate(const Header& h);
+
+// The entry whose partition the shim applies to kernels of `device`: the
+// entry for that GPU, else the first "any device" entry, else none. The
+// launch callback (shim.cpp, select_entry) follows the same rule.
+const DevicePartition* applied_to(const std::vector<DevicePartition>& parts, const DeviceUuid& device);
+
+// Why a task's shim cannot apply a partition (its kernels run on all TPCs),
+// or "" when it can. Read from the counters the shim keeps in the region.
+std::string cannot_apply(const Header& h);
+
 // Initialises a Header for the calling process with `initial` partitions
 // (any entries it held before are dropped). Used for shared regions and, when
 // no region can be created, for a process-local header so the partition
