@@ -109,6 +109,7 @@ std::atomic<bool> g_widen_clusters{false};        // NVTASKSET_ON_CLUSTER_MISFIT
 std::atomic<bool> g_widen_reported{false};
 std::atomic<bool> g_unmasked_reported{false};
 std::atomic<bool> g_stale_reported{false};
+std::atomic<bool> g_corrupt_reported{false};
 
 // ---- logging -----------------------------------------------------------------------
 // spdlog, to stderr, "nvtaskset[pid]: level: message". The logger is created in
@@ -521,7 +522,7 @@ void note_cluster(ctl::Header& h, std::uint32_t blocks) noexcept {
     bump(h.stale_reads);
     Msg m = prefix("warning: ");
     m.add("the control region is corrupt; using the last partition read\n");
-    say_once(g_stale_reported, m);
+    say_once(g_corrupt_reported, m);
     return true;
   }
   bump(h.kernels_unmasked);

@@ -34,6 +34,11 @@
 #include <thread>
 #include <vector>
 
+#include <pwd.h>
+#include <sys/mman.h>
+
+#include "nvtaskset/control_region.hpp"
+
 extern char** environ;
 
 namespace {
@@ -1489,6 +1494,282 @@ TEST_F(TopologyFile, DebugLogNamesTheClusterSizesLaunched) {
                        env);
   ASSERT_TRUE(ExitedWith(r, 0)) << r;
   EXPECT_NE(r.err.find("cluster sizes launched: 4:3 (3 kernels in all)"), std::string::npos) << r;
+}
+
+// --- 17: hardening: other users, corrupt regions, silent ways to run unpartitioned ---------
+
+TEST_F(E2E, PreloadedRealDriverIsRefused) {
+  // The driver in LD_PRELOAD would be loaded instead of the shim: every
+  // kernel on all TPCs. Refused before anything runs.
+  Env env = env_;
+  env["LD_PRELOAD"] = kFake;
+  const std::string marker = path("marker");
+  Result r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--kernels", "2"}, env);
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  EXPECT_NE(r.err.find("LD_PRELOAD names the CUDA driver (" + kFake + ")"), std::string::npos) << r;
+  EXPECT_TRUE(records().empty());
+  // The shim itself may be preloaded.
+  env["LD_PRELOAD"] = kShim;
+  r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--kernels", "1"}, env);
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  ASSERT_EQ(records().size(), 1u);
+  EXPECT_EQ(records()[0].mask, disable64(0xf));
+}
+
+TEST_F(E2E, TaskThatCannotApplyAPartitionIsNeverReportedAsPartitioned) {
+  Env env = env_;
+  env["FAKECUDA_TMD_LAYOUT"] = "unknown";
+  env["NVTASKSET_ON_UNSUPPORTED"] = "warn";
+  const std::string until = path("until"), ready = path("ready");
+  Proc& p = start({kCli, "--no-mps", "-t", "0-3", kLauncher, "--until-file", until, "--interval-ms", "5",
+                   "--ready-file", ready},
+                  env);
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0) << p.wait();
+  for (const std::vector<std::string> args : {std::vector<std::string>{}, std::vector<std::string>{"-t", "4-5"}}) {
+    std::vector<std::string> argv{kCli, "-p"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.push_back(std::to_string(pid));
+    const Result q = run(argv);
+    EXPECT_TRUE(FailedWithOneLine(q)) << q;
+    EXPECT_NE(q.err.find("pid " + std::to_string(pid) + " runs on all TPCs: "), std::string::npos) << q;
+    EXPECT_NE(q.err.find("a TMD layout nvtaskset does not know"), std::string::npos) << q;
+  }
+  touch(until);
+  EXPECT_TRUE(ExitedWith(p.wait(), 0));
+}
+
+// A second Unix user, for the tests of what another user can do. CI runs as
+// root and can create one; elsewhere these tests say why they cannot run.
+std::optional<std::pair<uid_t, gid_t>> second_user() {
+  if (::getuid() != 0) return std::nullopt;
+  const char* name = "nvtaskset-e2e";
+  if (::getpwnam(name) == nullptr) {
+    const std::string cmd = std::string("useradd --system --no-create-home --shell /usr/sbin/nologin ") + name +
+                            " >/dev/null 2>&1";
+    if (std::system(cmd.c_str()) != 0 && ::getpwnam(name) == nullptr) return std::nullopt;
+  }
+  const passwd* pw = ::getpwnam(name);
+  if (pw == nullptr) return std::nullopt;
+  return std::make_pair(pw->pw_uid, pw->pw_gid);
+}
+
+// argv run as `user` (setpriv from util-linux).
+std::vector<std::string> as_user(std::pair<uid_t, gid_t> user, std::vector<std::string> argv) {
+  std::vector<std::string> out{"setpriv", "--reuid=" + std::to_string(user.first),
+                               "--regid=" + std::to_string(user.second), "--clear-groups", "--"};
+  out.insert(out.end(), argv.begin(), argv.end());
+  return out;
+}
+
+TEST_F(E2E, AnotherUserCanNeitherTakeOverNorSteerATask) {
+  const auto other = second_user();
+  if (!other) GTEST_SKIP() << "needs root to create a second Unix user (CI runs as root)";
+  // The attack from the hardening issue: while a root task is still
+  // starting under a known PID, the other user plants a region file for that
+  // PID, mode 0666, with a valid header. Then it tries to repartition.
+  const std::string until = path("until"), ready = path("ready"), go = path("go");
+  Proc& p = start({"sh", "-c",
+                   "while [ ! -e " + go + " ]; do sleep 0.01; done; exec " + kCli + " --no-mps -t 0-3 " + kLauncher +
+                       " --until-file " + until + " --interval-ms 5 --ready-file " + ready});
+  const std::string planted = "/dev/shm/nvtaskset." + std::to_string(p.pid);
+  const Result plant = run(as_user(*other, {"sh", "-c", "umask 0; head -c 4096 /dev/zero > " + planted}));
+  ASSERT_TRUE(ExitedWith(plant, 0)) << plant;
+  cleanup_.push_back(planted);
+  {
+    // A valid-looking header in it, as the attacker would write.
+    const int fd = ::open(planted.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    auto* h = static_cast<nvtaskset::ctl::Header*>(
+        ::mmap(nullptr, sizeof(nvtaskset::ctl::Header), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    ASSERT_NE(h, MAP_FAILED);
+    nvtaskset::ctl::init_header(*h, {});
+    h->pid = p.pid;
+    h->start_time = nvtaskset::ctl::process_start_time(p.pid);
+    ::munmap(h, sizeof *h);
+    ::close(fd);
+  }
+  touch(go);
+  const long pid = wait_ready(ready, p);
+  ASSERT_EQ(pid, p.pid) << p.wait();
+  const std::string spid = std::to_string(pid);
+  // The other user can neither query nor change it.
+  for (const std::vector<std::string> args : {std::vector<std::string>{"-p", "-t", "6-7", spid},
+                                              std::vector<std::string>{"-p", spid}}) {
+    std::vector<std::string> argv{kCli};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const Result q = run(as_user(*other, argv));
+    EXPECT_TRUE(FailedWithOneLine(q)) << q;
+    EXPECT_NE(q.err.find("belongs to another user: only its owner and root can query or change its TPCs"),
+              std::string::npos)
+        << q;
+  }
+  // The task never used the planted file, and kept its partition.
+  const Result q = run({kCli, "-p", spid});
+  EXPECT_EQ(q.out, pid_line(pid, "current TPC list", "0-3")) << q;
+  const std::size_t before = records().size();
+  for (const auto& rec : records_after(pid, before, 0, 5)) EXPECT_EQ(rec.mask, disable64(0xf)) << rec;
+  struct stat st {};
+  ASSERT_EQ(::stat(planted.c_str(), &st), 0);
+  EXPECT_EQ(st.st_uid, other->first);
+  touch(until);
+  EXPECT_TRUE(ExitedWith(p.wait(), 0));
+}
+
+// The task's owner can write anything into its region: corrupt states must
+// not hang the task or the CLI, crash the task, or make either lie.
+class CorruptRegion : public E2E {
+ protected:
+  long start_task() {
+    const std::string ready = path("ready");
+    task_ = &start({kCli, "--no-mps", "-t", "0-3", kLauncher, "--until-file", path("until"), "--interval-ms", "2",
+                    "--ready-file", ready});
+    const long pid = wait_ready(ready, *task_);
+    if (pid <= 0) return -1;
+    const std::string fd = region_fd(pid);
+    if (fd.empty()) return -1;
+    fd_ = ::open(fd.c_str(), O_RDWR);
+    if (fd_ < 0) return -1;
+    void* m = ::mmap(nullptr, sizeof(nvtaskset::ctl::Header), PROT_READ | PROT_WRITE, MAP_SHARED, fd_, 0);
+    if (m == MAP_FAILED) return -1;
+    h_ = static_cast<nvtaskset::ctl::Header*>(m);
+    return pid;
+  }
+  void TearDown() override {
+    if (h_) ::munmap(h_, sizeof *h_);
+    if (fd_ >= 0) ::close(fd_);
+    E2E::TearDown();
+  }
+  nvtaskset::ctl::MaskBuffer& published() {
+    auto& e = h_->devices[0];
+    return e.buffer[e.generation.load() & 1];
+  }
+  // The CLI answers a query within a second, with one line.
+  Result query_fails(long pid) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Result q = run({kCli, "-p", std::to_string(pid)});
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+    EXPECT_TRUE(FailedWithOneLine(q)) << q;
+    return q;
+  }
+  // The task keeps launching, on TPCs 0-3.
+  void still_on_0_3(long pid) {
+    const std::size_t before = records().size();
+    for (const auto& rec : records_after(pid, before, 1, 3)) EXPECT_EQ(rec.mask, disable64(0xf)) << rec;
+  }
+  Proc* task_ = nullptr;
+  int fd_ = -1;
+  nvtaskset::ctl::Header* h_ = nullptr;
+};
+
+TEST_F(CorruptRegion, NoStateHangsCrashesOrLies) {
+  const long pid = start_task();
+  ASSERT_GT(pid, 0);
+  const std::string spid = std::to_string(pid);
+
+  // 1. A sequence that stays odd (a writer killed as it published).
+  auto& pub = published();
+  const std::uint64_t seq = pub.seq.load();
+  pub.seq.store(seq | 1);
+  Result q = query_fails(pid);
+  EXPECT_NE(q.err.find("control region of pid " + spid + " is corrupt: device slot 0 cannot be read consistently"),
+            std::string::npos)
+      << q;
+  still_on_0_3(pid);  // the last good partition
+  pub.seq.store(seq);
+
+  // 2. A writer killed mid-write leaves the other buffer odd: the next
+  // writer repairs it, and the change lands.
+  auto& e = h_->devices[0];
+  auto& other = e.buffer[(e.generation.load() + 1) & 1];
+  other.seq.store(other.seq.load() | 1);
+  q = run({kCli, "-p", "-t", "4-5", spid});
+  EXPECT_TRUE(ExitedWith(q, 0)) << q;
+  std::size_t before = records().size();
+  for (const auto& rec : records_after(pid, before, 1, 3)) EXPECT_EQ(rec.mask, disable64(0x30)) << rec;
+  q = run({kCli, "-p", "-t", "0-3", spid});
+  ASSERT_TRUE(ExitedWith(q, 0)) << q;
+  still_on_0_3(pid);
+
+  // 3. An active partition that enables nothing: every kernel would hang.
+  auto& p3 = published();
+  const std::uint64_t lo = p3.enabled[0].load();
+  p3.enabled[0].store(0);
+  q = query_fails(pid);
+  EXPECT_NE(q.err.find("device slot 0 enables no TPC"), std::string::npos) << q;
+  still_on_0_3(pid);  // not the all-disabled mask
+  p3.enabled[0].store(lo);
+
+  // 4. An impossible device: refused at once, no huge topology.
+  const std::uint32_t sms = e.sm_count;
+  e.sm_count = 0xfffffffe;
+  q = query_fails(pid);
+  EXPECT_NE(q.err.find("describes an impossible GPU"), std::string::npos) << q;
+  e.sm_count = sms;
+
+  // 5. A logical list that does not match the mask the kernels get.
+  auto& p5 = published();
+  const std::uint64_t tpcs = p5.tpcs[0].load();
+  p5.tpcs[0].store(0x3);
+  q = query_fails(pid);
+  EXPECT_NE(q.err.find("its TPC list 0-1 does not match the mask its kernels get"), std::string::npos) << q;
+  p5.tpcs[0].store(tpcs);
+
+  // 6. Every slot in use: the query shows what the shim applies, no more.
+  for (unsigned i = 1; i < nvtaskset::ctl::kMaxDevices; ++i) {
+    auto& d = h_->devices[i];
+    std::memset(d.uuid, static_cast<int>(0x40 + i), sizeof d.uuid);
+    d.buffer[0].kind.store(1);
+    d.buffer[0].enabled[0].store(0xff);
+    d.buffer[0].tpcs[0].store(0xff);
+    d.generation.store(0);
+    d.in_use.store(1);
+  }
+  q = run({kCli, "-p", spid});
+  EXPECT_TRUE(ExitedWith(q, 0)) << q;
+  EXPECT_EQ(q.out, pid_line(pid, "current TPC list", "0-3")) << q;
+  still_on_0_3(pid);
+
+  // 7. Its size cannot change: a truncation fails, the task lives on.
+  EXPECT_NE(::ftruncate(fd_, 0), 0);
+  still_on_0_3(pid);
+
+  // 8. Random bytes over everything: the CLI refuses, the task keeps its
+  // last good partition and says so once.
+  std::uint32_t x = 7;
+  auto* bytes = reinterpret_cast<unsigned char*>(h_);
+  for (std::size_t i = 0; i < sizeof(nvtaskset::ctl::Header); ++i) bytes[i] = static_cast<unsigned char>((x = x * 1103515245u + 12345u) >> 16);
+  q = query_fails(pid);
+  EXPECT_NE(q.err.find("is corrupt"), std::string::npos) << q;
+  still_on_0_3(pid);
+  touch(path("until"));
+  const Result r = task_->wait();
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_NE(r.err.find("the control region is corrupt; using the last partition read"), std::string::npos) << r;
+  EXPECT_NE(r.err.find("cannot be read consistently; using the last partition read"), std::string::npos) << r;
+}
+
+TEST_F(E2E, KilledWritersNeverHangTheTaskOrTheCli) {
+  const std::string until = path("until"), ready = path("ready");
+  Proc& p = start({kCli, "--no-mps", "-t", "0-3", kLauncher, "--until-file", until, "--interval-ms", "2",
+                   "--ready-file", ready});
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0) << p.wait();
+  const std::string spid = std::to_string(pid);
+  std::uint32_t seed = 99;
+  for (int i = 0; i < 40; ++i) {
+    seed = seed * 1664525u + 1013904223u;
+    Proc& w = start({kCli, "-p", "-t", (i % 2) ? "4-5" : "6-7", spid});
+    std::this_thread::sleep_for(std::chrono::microseconds(seed % 20000));
+    w.kill_group();
+  }
+  // Whatever the writers left: the CLI answers at once, a change lands, the task launches.
+  const Result q = run({kCli, "-p", "-t", "1-2", spid}, env_, 5s);
+  ASSERT_TRUE(ExitedWith(q, 0)) << q;
+  const std::size_t before = records().size();
+  for (const auto& rec : records_after(pid, before, 1, 3)) EXPECT_EQ(rec.mask, disable64(0x6)) << rec;
+  touch(until);
+  EXPECT_TRUE(ExitedWith(p.wait(), 0));
 }
 
 }  // namespace
