@@ -491,6 +491,7 @@ const char* kDescription =
     "  nvtaskset [options] -t LIST COMMAND [ARG...]\n"
     "  nvtaskset [options] -g LIST COMMAND [ARG...]\n"
     "  nvtaskset -p [MASK | -t LIST | -g LIST | --physical MASK] PID\n"
+    "  nvtaskset -p --json PID\n"
     "  nvtaskset --topology [--json] | --calibrate | --system-wide enable|disable|status\n"
     "\n"
     "MASK is a hexadecimal enable mask over logical TPC IDs (0xff00 = TPCs 8-15).\n"
@@ -575,6 +576,8 @@ int run(int argc, char** argv) {
   app.footer(
       "Environment: NVTASKSET_LOG (trace..off, default warn), NVTASKSET_REAL_LIBCUDA (the real driver),\n"
       "NVTASKSET_ON_UNSUPPORTED=warn (run unmasked on an unknown TMD layout instead of aborting),\n"
+      "NVTASKSET_ON_CLUSTER_MISFIT=abort|widen (a kernel whose clusters the partition cannot host:\n"
+      "stop the program, default, or run that kernel on the partition's whole GPCs),\n"
       "CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY. See nvtaskset(1).");
   app.prefix_command();
 
