@@ -903,7 +903,9 @@ TEST_F(E2E, NvtasksetInsideAPartitionedTaskAppliesItsOwnPartition) {
   const long parent = recs[0].pid;
   EXPECT_EQ(recs[0].mask, disable64(0xf));
   for (const auto& rec : recs)
-    if (rec.pid != parent) EXPECT_EQ(rec.mask, disable64(0x30)) << rec;
+    if (rec.pid != parent) {
+      EXPECT_EQ(rec.mask, disable64(0x30)) << rec;
+    }
 }
 
 // A partition is per GPU: with two devices, each launch gets the mask of its
@@ -1229,6 +1231,7 @@ struct GraphCase {
   std::string mode;
   int threads;
 };
+void PrintTo(const GraphCase& c, std::ostream* os) { *os << c.mode << " x" << c.threads; }
 
 class GraphReplays : public E2E, public ::testing::WithParamInterface<GraphCase> {
  protected:
