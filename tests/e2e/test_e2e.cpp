@@ -1529,7 +1529,7 @@ TEST_F(E2E, TaskThatCannotApplyAPartitionIsNeverReportedAsPartitioned) {
                   env);
   const long pid = wait_ready(ready, p);
   ASSERT_GT(pid, 0) << p.wait();
-  for (const std::vector<std::string> args : {std::vector<std::string>{}, std::vector<std::string>{"-t", "4-5"}}) {
+  for (const std::vector<std::string>& args : {std::vector<std::string>{}, std::vector<std::string>{"-t", "4-5"}}) {
     std::vector<std::string> argv{kCli, "-p"};
     argv.insert(argv.end(), args.begin(), args.end());
     argv.push_back(std::to_string(pid));
@@ -1597,7 +1597,7 @@ TEST_F(E2E, AnotherUserCanNeitherTakeOverNorSteerATask) {
   ASSERT_EQ(pid, p.pid) << p.wait();
   const std::string spid = std::to_string(pid);
   // The other user can neither query nor change it.
-  for (const std::vector<std::string> args : {std::vector<std::string>{"-p", "-t", "6-7", spid},
+  for (const std::vector<std::string>& args : {std::vector<std::string>{"-p", "-t", "6-7", spid},
                                               std::vector<std::string>{"-p", spid}}) {
     std::vector<std::string> argv{kCli};
     argv.insert(argv.end(), args.begin(), args.end());
