@@ -216,14 +216,6 @@ void scrub_shim_environment(const std::string& shim_dir) {
   }
 }
 
-pid_t parse_pid(const std::string& s) {
-  char* end = nullptr;
-  errno = 0;
-  const long v = std::strtol(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || errno != 0 || v <= 0 || v > 0x3fffffff) throw Failure("invalid pid '" + s + "'");
-  return static_cast<pid_t>(v);
-}
-
 struct Options {
   std::string shim_dir;  // find_shim_dir() of this executable; "" when absent
   std::vector<Request> requests;
