@@ -25,6 +25,7 @@
 #include "nvtaskset/driver_locate.hpp"
 #include "nvtaskset/devices.hpp"
 #include "nvtaskset/idlist.hpp"
+#include "nvtaskset/log_level.hpp"
 #include "nvtaskset/mps.hpp"
 #include "nvtaskset/partition.hpp"
 #include "nvtaskset/system_wide.hpp"
@@ -48,13 +49,22 @@ std::vector<std::string> snapshot_environ() {
   return env;
 }
 
+// LogLevel mirrors spdlog's numbering (log_level.hpp).
+static_assert(static_cast<int>(LogLevel::kTrace) == spdlog::level::trace &&
+              static_cast<int>(LogLevel::kWarn) == spdlog::level::warn &&
+              static_cast<int>(LogLevel::kOff) == spdlog::level::off);
+
 void setup_logging() {
   auto logger = spdlog::stderr_color_mt("nvtaskset");
   logger->set_pattern("nvtaskset: %^%l%$: %v");
-  spdlog::level::level_enum level = spdlog::level::warn;
-  if (const char* l = std::getenv("NVTASKSET_LOG")) level = spdlog::level::from_str(l);
-  logger->set_level(level);
+  // The shim reads the same variable with the same parser; spdlog's own
+  // from_str() turned "INFO" or a typo into "off", silently.
+  const char* value = std::getenv(kLogLevelEnv);
+  const LogSetting setting = log_setting(value);
+  logger->set_level(static_cast<spdlog::level::level_enum>(setting.level));
   spdlog::set_default_logger(logger);
+  if (setting.unknown)
+    logger->warn("{}={}: unknown level ({}); using warn", kLogLevelEnv, printable(value), kLogLevelNames);
 }
 
 // One requested partition: on which device, and what the user typed.
