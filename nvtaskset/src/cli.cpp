@@ -239,6 +239,23 @@ struct Options {
   std::string system_wide;
 };
 
+// Checks the syntax of every list and mask before anything touches a device
+// or the driver, so that a typo is reported as such even where the driver is
+// missing or broken. build_partition parses them again, against the device.
+void check_syntax(const Options& o) {
+  auto check = [](SpecKind kind, const std::string& text) {
+    if (kind == SpecKind::kTpcList) parse_list(text, "TPC");
+    else if (kind == SpecKind::kGpcList) parse_list(text, "GPC");
+    else if (kind == SpecKind::kTpcMask) parse_mask(text, "TPC");
+    else if (kind == SpecKind::kPhysical) parse_mask(text, "physical");
+  };
+  for (const Request& r : o.requests) check(r.kind, r.text);
+  // A mask given as the first positional, where do_launch and do_pid take one.
+  const bool wants_mask = o.requests.empty() || o.requests.back().kind == SpecKind::kNone;
+  if (wants_mask && (o.pid_mode ? o.positionals.size() == 2 : !o.positionals.empty()))
+    check(SpecKind::kTpcMask, o.positionals[0]);
+}
+
 int do_launch(const Options& o, const std::vector<std::string>& env) {
   std::vector<Request> requests = o.requests;
   std::size_t first_cmd = 0;
@@ -485,6 +502,7 @@ int run(int argc, char** argv) {
       return o.calibrate ? devices.calibrate_all(o.json) : devices.print(o.json);
     }
     if (o.json) throw Failure("--json goes with --topology");
+    check_syntax(o);
     if (o.pid_mode) return do_pid(o);
     ctl::Region::remove_stale();
     return do_launch(o, env);
