@@ -1,4 +1,5 @@
 #include "nvtaskset/control_region.hpp"
+#include "nvtaskset/proc.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -212,7 +213,7 @@ std::unique_ptr<Region> Region::create_for_self(const std::vector<DevicePartitio
 std::unique_ptr<Region> Region::attach(pid_t pid) {
   if (pid <= 0) throw Error("invalid pid " + std::to_string(pid));
   const std::string name = region_name(pid);
-  if (!process_alive(pid)) {
+  if (!process_alive(pid) || process_is_zombie_or_dead(pid)) {
     try {
       bip::shared_memory_object::remove(name.c_str());  // stale leftover, if any
     } catch (...) {
