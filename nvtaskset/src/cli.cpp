@@ -27,6 +27,7 @@
 #include "nvtaskset/driver_locate.hpp"
 #include "nvtaskset/devices.hpp"
 #include "nvtaskset/idlist.hpp"
+#include "nvtaskset/log_level.hpp"
 #include "nvtaskset/mps.hpp"
 #include "nvtaskset/partition.hpp"
 #include "nvtaskset/system_wide.hpp"
@@ -50,13 +51,22 @@ std::vector<std::string> snapshot_environ() {
   return env;
 }
 
+// LogLevel mirrors spdlog's numbering (log_level.hpp).
+static_assert(static_cast<int>(LogLevel::kTrace) == spdlog::level::trace &&
+              static_cast<int>(LogLevel::kWarn) == spdlog::level::warn &&
+              static_cast<int>(LogLevel::kOff) == spdlog::level::off);
+
 void setup_logging() {
   auto logger = spdlog::stderr_color_mt("nvtaskset");
   logger->set_pattern("nvtaskset: %^%l%$: %v");
-  spdlog::level::level_enum level = spdlog::level::warn;
-  if (const char* l = std::getenv("NVTASKSET_LOG")) level = spdlog::level::from_str(l);
-  logger->set_level(level);
+  // The shim reads the same variable with the same parser; spdlog's own
+  // from_str() turned "INFO" or a typo into "off", silently.
+  const char* value = std::getenv(kLogLevelEnv);
+  const LogSetting setting = log_setting(value);
+  logger->set_level(static_cast<spdlog::level::level_enum>(setting.level));
   spdlog::set_default_logger(logger);
+  if (setting.unknown)
+    logger->warn("{}={}: unknown level ({}); using warn", kLogLevelEnv, printable(value), kLogLevelNames);
 }
 
 // One requested partition: on which device, and what the user typed.
@@ -236,14 +246,6 @@ void scrub_shim_environment(const std::string& shim_dir) {
   }
 }
 
-pid_t parse_pid(const std::string& s) {
-  char* end = nullptr;
-  errno = 0;
-  const long v = std::strtol(s.c_str(), &end, 10);
-  if (s.empty() || *end != '\0' || errno != 0 || v <= 0 || v > 0x3fffffff) throw Failure("invalid pid '" + s + "'");
-  return static_cast<pid_t>(v);
-}
-
 struct Options {
   std::string shim_dir;  // find_shim_dir() of this executable; "" when absent
   std::vector<Request> requests;
@@ -281,6 +283,23 @@ void refuse_preloaded_driver(const std::vector<std::string>& env) {
       item.clear();
     }
   }
+}
+
+// Checks the syntax of every list and mask before anything touches a device
+// or the driver, so that a typo is reported as such even where the driver is
+// missing or broken. build_partition parses them again, against the device.
+void check_syntax(const Options& o) {
+  auto check = [](SpecKind kind, const std::string& text) {
+    if (kind == SpecKind::kTpcList) parse_list(text, "TPC");
+    else if (kind == SpecKind::kGpcList) parse_list(text, "GPC");
+    else if (kind == SpecKind::kTpcMask) parse_mask(text, "TPC");
+    else if (kind == SpecKind::kPhysical) parse_mask(text, "physical");
+  };
+  for (const Request& r : o.requests) check(r.kind, r.text);
+  // A mask given as the first positional, where do_launch and do_pid take one.
+  const bool wants_mask = o.requests.empty() || o.requests.back().kind == SpecKind::kNone;
+  if (wants_mask && (o.pid_mode ? o.positionals.size() == 2 : !o.positionals.empty()))
+    check(SpecKind::kTpcMask, o.positionals[0]);
 }
 
 int do_launch(const Options& o, const std::vector<std::string>& env) {
@@ -629,6 +648,7 @@ int run(int argc, char** argv) {
       Devices devices(shim_copies(o.shim_dir), o.topology_file);
       return o.calibrate ? devices.calibrate_all(o.json) : devices.print(o.json);
     }
+    check_syntax(o);
     if (o.pid_mode) return do_pid(o);
     if (o.json) throw Failure("--json goes with --topology, --calibrate or -p");
     return do_launch(o, env);

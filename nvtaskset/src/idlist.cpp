@@ -1,21 +1,52 @@
 #include "nvtaskset/idlist.hpp"
 
-#include <algorithm>
-#include <charconv>
+#include <bitset>
+#include <cstdio>
 
 namespace nvtaskset::cli {
+
+std::string printable(std::string_view text) {
+  // Long enough to recognise the input, short enough for one terminal line.
+  constexpr std::size_t kShown = 48;
+  std::string out;
+  for (std::size_t i = 0; i < text.size() && i < kShown; ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f) {
+      out += static_cast<char>(c);
+    } else {
+      char buf[5];
+      std::snprintf(buf, sizeof buf, "\\x%02x", c);
+      out += buf;
+    }
+  }
+  if (text.size() > kShown) out += "...";
+  return out;
+}
+
 namespace {
 
 [[noreturn]] void fail(std::string_view what, std::string_view text, std::string_view why) {
-  throw ParseError("invalid " + std::string(what) + " list '" + std::string(text) + "': " + std::string(why));
+  throw ParseError("invalid " + std::string(what) + " list '" + printable(text) + "': " + std::string(why));
 }
 
-// Parses a decimal number at the front of `s`, advancing it.
-bool take_number(std::string_view& s, unsigned long& out) {
-  const char* end = s.data() + s.size();
-  auto [ptr, ec] = std::from_chars(s.data(), end, out);
-  if (ec != std::errc() || ptr == s.data()) return false;
-  s.remove_prefix(static_cast<std::size_t>(ptr - s.data()));
+[[noreturn]] void no_such_id(std::string_view what, std::string_view digits) {
+  throw ParseError(std::string(what) + " " + printable(digits) + " does not exist (IDs go up to " +
+                   std::to_string(kMaxListId) + " at most)");
+}
+
+// Parses the decimal number at the front of `s` into `out`, advancing `s`.
+// Returns false when `s` does not start with a digit. Sets `too_big` (and
+// leaves `out` above kMaxListId) when the number exceeds kMaxListId: the value
+// stops growing once past the bound, so no digit string can overflow.
+bool take_number(std::string_view& s, unsigned& out, std::string_view& digits) {
+  std::size_t i = 0;
+  unsigned v = 0;
+  for (; i < s.size() && s[i] >= '0' && s[i] <= '9'; ++i)
+    if (v <= kMaxListId) v = v * 10 + static_cast<unsigned>(s[i] - '0');  // <= 40959: no overflow
+  if (i == 0) return false;
+  out = v;
+  digits = s.substr(0, i);
+  s.remove_prefix(i);
   return true;
 }
 
@@ -23,57 +54,92 @@ bool take_number(std::string_view& s, unsigned long& out) {
 
 std::vector<unsigned> parse_list(std::string_view text, std::string_view what) {
   if (text.empty()) fail(what, text, "empty");
-  std::vector<unsigned> ids;
+  // Refused before any parsing: no TPC or GPC list is this long.
+  if (text.size() > kMaxListText)
+    fail(what, text, "longer than " + std::to_string(kMaxListText) + " characters");
+  // Accumulated as a bitset: linear in the text, no allocation per ID, and
+  // duplicates cost nothing (a vector + sort was quadratic in practice).
+  std::bitset<kMaxListId + 1> ids;
   std::string_view rest = text;
+  std::size_t elements = 0;
   for (;;) {
+    if (++elements > kMaxListElements)
+      fail(what, text, "more than " + std::to_string(kMaxListElements) + " elements");
     const std::size_t comma = rest.find(',');
     std::string_view item = rest.substr(0, comma);
     if (item.empty()) fail(what, text, "empty element");
-    unsigned long first = 0, last = 0, stride = 1;
-    if (!take_number(item, first)) fail(what, text, "'" + std::string(item) + "' is not a number or range");
+    const std::string_view whole = item;
+    unsigned first = 0, last = 0, stride = 1;
+    std::string_view digits;
+    if (!take_number(item, first, digits)) fail(what, text, "'" + printable(whole) + "' is not a number or range");
+    if (first > kMaxListId) no_such_id(what, digits);
     last = first;
     if (!item.empty() && item.front() == '-') {
       item.remove_prefix(1);
-      if (!take_number(item, last)) fail(what, text, "range without an end");
+      if (!take_number(item, last, digits)) fail(what, text, "range without an end");
+      if (last > kMaxListId) no_such_id(what, digits);
       if (!item.empty() && item.front() == ':') {
         item.remove_prefix(1);
-        if (!take_number(item, stride)) fail(what, text, "stride is not a number");
+        if (!take_number(item, stride, digits)) fail(what, text, "stride is not a number");
+        if (stride > kMaxListId)
+          fail(what, text, "stride " + printable(digits) + " is larger than " + std::to_string(kMaxListId));
         if (stride == 0) fail(what, text, "stride must be at least 1");
       }
     }
-    if (!item.empty()) fail(what, text, "unexpected '" + std::string(item) + "'");
+    if (!item.empty()) fail(what, text, "unexpected '" + printable(item) + "'");
     if (last < first) fail(what, text, "range " + std::to_string(first) + "-" + std::to_string(last) + " is reversed");
-    if (last > kMaxListId)
-      throw ParseError(std::string(what) + " " + std::to_string(last) + " does not exist (IDs go up to " +
-                       std::to_string(kMaxListId) + " at most)");
-    for (unsigned long id = first; id <= last; id += stride) ids.push_back(static_cast<unsigned>(id));
+    // first <= last <= kMaxListId and stride <= kMaxListId: id + stride stays
+    // below 2 * 4096, far from wrapping.
+    for (unsigned id = first; id <= last; id += stride) ids.set(id);
     if (comma == std::string_view::npos) break;
     rest.remove_prefix(comma + 1);
   }
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  return ids;
+  std::vector<unsigned> out;
+  out.reserve(ids.count());
+  for (unsigned id = 0; id <= kMaxListId; ++id)
+    if (ids.test(id)) out.push_back(id);
+  return out;
 }
 
 Bits128 parse_mask(std::string_view text, std::string_view what) {
+  auto bad = [&](std::string_view why) {
+    return ParseError("invalid " + std::string(what) + " mask '" + printable(text) + "': " + std::string(why));
+  };
+  if (text.size() > kMaxListText) throw bad("longer than " + std::to_string(kMaxListText) + " characters");
   std::string_view digits = text;
   if (digits.size() >= 2 && digits[0] == '0' && (digits[1] == 'x' || digits[1] == 'X')) digits.remove_prefix(2);
-  if (digits.empty()) throw ParseError("invalid " + std::string(what) + " mask '" + std::string(text) + "': no digits");
+  if (digits.empty()) throw bad("no digits");
   Bits128 b;
   for (char c : digits) {
     int v;
     if (c >= '0' && c <= '9') v = c - '0';
     else if (c >= 'a' && c <= 'f') v = c - 'a' + 10;
     else if (c >= 'A' && c <= 'F') v = c - 'A' + 10;
-    else throw ParseError("invalid " + std::string(what) + " mask '" + std::string(text) + "': '" + std::string(1, c) +
-                          "' is not a hex digit");
-    if (b.hi >> 60)
-      throw ParseError("invalid " + std::string(what) + " mask '" + std::string(text) + "': more than 128 bits");
+    else throw bad("'" + printable(std::string_view(&c, 1)) + "' is not a hex digit");
+    // The top nibble must be free before shifting, or bits would fall off.
+    if (b.hi >> 60) throw bad("more than 128 bits");
     b.hi = (b.hi << 4) | (b.lo >> 60);
     b.lo = (b.lo << 4) | static_cast<unsigned>(v);
   }
-  if (b.none()) throw ParseError("invalid " + std::string(what) + " mask '" + std::string(text) + "': selects nothing");
+  if (b.none()) throw bad("selects nothing");
   return b;
+}
+
+pid_t parse_pid(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return ParseError("invalid pid '" + printable(text) + "': " + std::string(why));
+  };
+  // strtol would accept " 12", "+12" and wrap "99999999999999999999" into
+  // errno; digits only, bounded as they are read, is simpler to get right.
+  if (text.empty()) throw bad("empty");
+  long v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') throw bad("not a decimal number");
+    if (v <= kMaxPid) v = v * 10 + (c - '0');  // stops growing past the bound: no overflow
+  }
+  if (v == 0) throw bad("pid 0 is not a process");
+  if (v > kMaxPid) throw bad("larger than any pid (" + std::to_string(kMaxPid) + ")");
+  return static_cast<pid_t>(v);
 }
 
 std::string format_list(const std::vector<unsigned>& ids) {

@@ -1,4 +1,5 @@
 #include "nvtaskset/control_region.hpp"
+#include "nvtaskset/proc.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -229,15 +230,6 @@ long process_euid(pid_t pid) {
   return -1;
 }
 
-// 'R', 'S', 'Z', ...: /proc/<pid>/stat field 3; 0 when there is no such process.
-char process_state(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!f || !std::getline(f, line)) return 0;
-  const auto close = line.rfind(')');
-  return close != std::string::npos && close + 2 < line.size() ? line[close + 2] : 0;
-}
-
 // Checks that `fd` is a region as its task's shim made it; "" or why not.
 std::string check_file(int fd, long uid) {
   struct stat st {};
@@ -316,9 +308,8 @@ std::unique_ptr<Region> Region::create_for_self(const std::vector<DevicePartitio
 
 std::unique_ptr<Region> Region::attach(pid_t pid) {
   if (pid <= 0) throw Error("invalid pid " + std::to_string(pid));
-  const char state = process_state(pid);
-  if (state == 0) throw Error(pid_str(pid) + ": no such process");
-  if (state == 'Z' || state == 'X') throw Error(pid_str(pid) + " has exited (a zombie not yet reaped by its parent)");
+  // A zombie (killed, not yet reaped) is dead too: taskset's answer.
+  if (process_is_zombie_or_dead(pid)) throw Error(pid_str(pid) + ": no such process");
   bool denied = false;
   const std::vector<int> fds = fds_linking_to(pid, memfd_link(pid), &denied);
   if (denied)

@@ -47,6 +47,7 @@
 #include "nvtaskset/control_region.hpp"
 #include "nvtaskset/driver_locate.hpp"
 #include "nvtaskset/launch_hook.hpp"
+#include "nvtaskset/log_level.hpp"
 #include "nvtaskset/partition.hpp"
 #include "nvtaskset/tmd.hpp"
 #include "graphs.hpp"
@@ -129,28 +130,23 @@ void log(spdlog::level::level_enum lvl, fmt::format_string<Args...> f, Args&&...
   pthread_mutex_unlock(&g_log_mu);
 }
 
+// LogLevel mirrors spdlog's numbering (log_level.hpp).
+static_assert(static_cast<int>(LogLevel::kTrace) == spdlog::level::trace &&
+              static_cast<int>(LogLevel::kWarn) == spdlog::level::warn &&
+              static_cast<int>(LogLevel::kOff) == spdlog::level::off);
+
 void init_logging() {
-  using spdlog::level::level_enum;
-  level_enum level = spdlog::level::warn;
-  std::string bad;
-  if (const char* v = std::getenv(kLogEnv); v != nullptr && *v != '\0') {
-    const std::string_view s(v);
-    if (s == "trace") level = spdlog::level::trace;
-    else if (s == "debug") level = spdlog::level::debug;
-    else if (s == "info") level = spdlog::level::info;
-    else if (s == "warn" || s == "warning") level = spdlog::level::warn;
-    else if (s == "error") level = spdlog::level::err;
-    else if (s == "off") level = spdlog::level::off;
-    else bad = s;
-  }
+  // The CLI's parser (log_level.hpp): any case; unset or empty is warn; an
+  // unknown value is warn, and said so once.
+  const char* value = std::getenv(kLogEnv);
+  const LogSetting setting = log_setting(value);
   auto sink = std::make_shared<spdlog::sinks::stderr_sink_st>();
   g_logger = new spdlog::logger("nvtaskset", std::move(sink));
   g_logger->set_pattern("nvtaskset[%P]: %l: %v");
-  g_logger->set_level(level);
+  g_logger->set_level(static_cast<spdlog::level::level_enum>(setting.level));
   g_logger->flush_on(spdlog::level::trace);
-  if (!bad.empty())
-    log(spdlog::level::warn, "{}={}: unknown level (trace, debug, info, warn, error, off); using warn", kLogEnv,
-        bad);
+  if (setting.unknown)
+    log(spdlog::level::warn, "{}={}: unknown level ({}); using warn", kLogEnv, value, kLogLevelNames);
 }
 
 // ---- partitions ------------------------------------------------------------------

@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <string>
+
 #include "nvtaskset/idlist.hpp"
 
 using namespace nvtaskset;
@@ -33,6 +36,102 @@ TEST(IdList, MessagesAreOneLineAndNameTheInput) {
     FAIL();
   } catch (const ParseError& e) {
     EXPECT_NE(std::string(e.what()).find("GPC 9000 does not exist"), std::string::npos);
+  }
+}
+
+std::string error_of(std::string_view text) {
+  try {
+    parse_list(text, "TPC");
+  } catch (const ParseError& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+TEST(IdList, NumbersAreBoundedBeforeAnyArithmetic) {
+  // A stride of 2^64-1 used to wrap id += stride and select TPCs 0-50.
+  EXPECT_EQ(error_of("50-53:18446744073709551615"),
+            "invalid TPC list '50-53:18446744073709551615': stride 18446744073709551615 is larger than 4095");
+  for (const char* bad : {"50-53:4096", "0-1:99999999999999999999999999", "18446744073709551615",
+                          "0-18446744073709551616", "18446744073709551615-1", "4294967296", "4294967297-4294967298"}) {
+    EXPECT_THROW(parse_list(bad, "TPC"), ParseError) << "'" << bad << "'";
+  }
+  EXPECT_EQ(error_of("4294967296"), "TPC 4294967296 does not exist (IDs go up to 4095 at most)");
+  // The largest values still work, and strides up to the bound keep their meaning.
+  EXPECT_EQ(parse_list("4095", "TPC"), std::vector<unsigned>{4095});
+  EXPECT_EQ(parse_list("0-4095:4095", "TPC"), (std::vector<unsigned>{0, 4095}));
+  EXPECT_EQ(parse_list("50-53:4095", "TPC"), std::vector<unsigned>{50});
+  EXPECT_EQ(parse_list("4094-4095:3", "TPC"), std::vector<unsigned>{4094});
+  EXPECT_EQ(parse_list("0-4095", "TPC").size(), 4096u);
+  EXPECT_EQ(parse_list("007-0009:02", "TPC"), (std::vector<unsigned>{7, 9}));  // leading zeros, as taskset
+}
+
+TEST(IdList, OverlongInputIsRefusedEarlyWithOneShortLine) {
+  // 120 KB of ranges took seconds and hundreds of MB before it was checked.
+  std::string huge;
+  while (huge.size() < 120 * 1024) huge += "0-4095,";
+  huge += "0";
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string e = error_of(huge);
+  const auto ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(e.find("longer than 4096 characters"), std::string::npos) << e;
+  EXPECT_LT(e.size(), 200u) << "the message echoes the whole input";
+  EXPECT_LT(ms, 1000) << "refusing an overlong list should not take long";
+
+  // At the length limit, but more elements than any TPC list needs.
+  std::string many = "0";
+  for (std::size_t i = 1; i < kMaxListElements; ++i) many += ",0";
+  EXPECT_EQ(parse_list(many, "TPC"), std::vector<unsigned>{0});  // exactly kMaxListElements: fine
+  EXPECT_NE(error_of(many + ",1").find("more than 1024 elements"), std::string::npos);
+
+  // The worst list that passes the limits: every element the full range.
+  std::string wide = "0-4095";
+  while (wide.size() + 7 <= kMaxListText) wide += ",0-4095";
+  EXPECT_EQ(parse_list(wide, "TPC").size(), 4096u);
+  EXPECT_THROW(parse_list(wide + ",0-4095", "TPC"), ParseError);
+
+  // Masks are bounded the same way; leading zeros up to the limit are fine.
+  EXPECT_EQ(parse_mask("0x" + std::string(kMaxListText - 3, '0') + "1", "TPC"), (Bits128{1, 0}));
+  EXPECT_THROW(parse_mask("0x" + std::string(kMaxListText, '0') + "1", "TPC"), ParseError);
+}
+
+TEST(IdList, MessagesNeverSpanLines) {
+  for (const char* bad : {"1\n2", "0-3\r", "\x1b[2J", "1,\n", "0-7:\t"}) {
+    const std::string e = error_of(bad);
+    EXPECT_EQ(e.find_first_of("\n\r\x1b\t"), std::string::npos) << e;
+    EXPECT_NE(e, "(accepted)");
+  }
+  EXPECT_EQ(error_of("1\n2"), "invalid TPC list '1\\x0a2': unexpected '\\x0a2'");
+  try {
+    parse_mask("0x1\n", "TPC");
+    FAIL();
+  } catch (const ParseError& e) {
+    EXPECT_EQ(std::string(e.what()), "invalid TPC mask '0x1\\x0a': '\\x0a' is not a hex digit");
+  }
+  EXPECT_EQ(printable(std::string(100, '7')), std::string(48, '7') + "...");
+}
+
+TEST(IdList, Pids) {
+  EXPECT_EQ(parse_pid("1"), 1);
+  EXPECT_EQ(parse_pid("4242"), 4242);
+  EXPECT_EQ(parse_pid("004242"), 4242);
+  EXPECT_EQ(parse_pid("4194304"), 4194304);
+  for (const char* bad : {"", "0", "000", "-1", "+1", " 1", "1 ", "1\n", "0x10", "1e3", "abc", "12abc", "4194305",
+                          "2147483648", "4294967297", "99999999999999999999", "18446744073709551617"}) {
+    EXPECT_THROW(parse_pid(bad), ParseError) << "'" << bad << "'";
+  }
+  try {
+    parse_pid("99999999999999999999");
+    FAIL();
+  } catch (const ParseError& e) {
+    EXPECT_EQ(std::string(e.what()), "invalid pid '99999999999999999999': larger than any pid (4194304)");
+  }
+  try {
+    parse_pid("4\n2");
+    FAIL();
+  } catch (const ParseError& e) {
+    EXPECT_EQ(std::string(e.what()), "invalid pid '4\\x0a2': not a decimal number");
   }
 }
 

@@ -153,6 +153,67 @@ TEST(TopologyJson, FileErrorsNameTheFile) {
   EXPECT_NE(d.find("duplicate_bit.json: tpcs[1].bit: bit 5 already controls TPC 0"), std::string::npos) << d;
 }
 
+std::string error_of_text(const std::string& text) {
+  try {
+    topologies_from_text(text);
+  } catch (const std::runtime_error& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+TEST(TopologyJson, DuplicateKeysAreRejectedNamingTheKey) {
+  // With the last value winning, this file would load as a valid layout
+  // (bits 5 and 6): the first "bit" the author wrote would be ignored.
+  try {
+    load_topology_file(kData + "/duplicate_key.json");
+    FAIL() << "accepted a file with a duplicate key";
+  } catch (const std::runtime_error& e) {
+    EXPECT_EQ(std::string(e.what()), "topology file " + kData +
+                                         "/duplicate_key.json: tpcs[1].bit: duplicate key (JSON would silently keep "
+                                         "the last value; give each key once)");
+  }
+  const std::string good = topology_to_json(h200_topology()).dump();
+  ASSERT_EQ(error_of_text(good), "(accepted)");
+  // At the top, in a nested object, in an array of objects, inside "devices".
+  auto dup = [&](const std::string& key_with_value, const std::string& where_after) {
+    std::string t = good;
+    const auto at = t.find(where_after);
+    EXPECT_NE(at, std::string::npos) << where_after;
+    return t.insert(at + where_after.size(), key_with_value + ",");
+  };
+  EXPECT_NE(error_of_text(dup("\"source\":\"calibration\"", "{")).find("source: duplicate key"), std::string::npos);
+  EXPECT_NE(error_of_text(dup("\"sm_count\":132", "\"device\":{")).find("device.sm_count: duplicate key"),
+            std::string::npos);
+  {
+    std::string t = good;
+    // The sixth TPC entry gets a second "tpc".
+    std::size_t at = 0;
+    for (int i = 0; i < 6; ++i) at = t.find("{\"bit\"", at + 1);
+    t.insert(at + 1, "\"tpc\":5,");
+    EXPECT_NE(error_of_text(t).find("tpcs[5].tpc: duplicate key"), std::string::npos) << error_of_text(t);
+  }
+  const std::string two = topologies_to_json({h200_topology(0), h200_topology(1)}).dump();
+  std::string t = two;
+  t.insert(t.rfind("\"device\":{") + 10, "\"name\":\"x\",");
+  EXPECT_NE(error_of_text(t).find("devices[1].device.name: duplicate key"), std::string::npos) << error_of_text(t);
+  t = two;
+  t.insert(1, "\"devices\":[],");
+  EXPECT_NE(error_of_text(t).find("devices: duplicate key"), std::string::npos) << error_of_text(t);
+  // The same key in sibling objects is what every file has, and fine.
+  EXPECT_EQ(error_of_text(two).substr(0, 10), "(accepted)");
+}
+
+TEST(TopologyJson, ErrorsFromTextAreOneLine) {
+  json j = topology_to_json(h200_topology());
+  j["device"]["uuid"] = "GPU-\nsecond line";
+  const std::string e = error_of_text(j.dump());
+  EXPECT_EQ(e, "device.uuid: \"GPU-\\x0asecond line\" is not a GPU UUID "
+               "(GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)");
+  EXPECT_EQ(error_of_text("{\"schema\": "), "not valid JSON (at byte 12)");
+  EXPECT_EQ(error_of_text(""), "not valid JSON (at byte 1)");
+}
+
 TEST(TopologyJson, SaveWritesReadableFileAtomically) {
   const std::string dir = ::testing::TempDir() + "nvtaskset_json_save";
   fs::create_directories(dir);

@@ -237,6 +237,34 @@ TEST_F(TopologySource, PreHopperIdentityWithoutNvdebug) {
   EXPECT_FALSE(fs::exists(opts_.cache_dir)) << "identity topologies are not cached";
 }
 
+TEST_F(TopologySource, PreHopperNvdebugNoteNamesTheDevice) {
+  // Without a given index, the PCI bus id finds /proc/gpuN; none of these
+  // sysfs directories has an NVIDIA GPU.
+  opts_.nvdebug_index.reset();
+  opts_.sysfs_pci_root = dir_ + "/no-sysfs";
+  DeviceInfo d = a100_device();
+  d.pci_bus_id = "0000:41:00.0";
+  EXPECT_NE(get_topology(d, opts_).gpc_note.find("nvdebug: cannot tell which " + dir_ +
+                                                 "/no-proc/gpuN is PCI device 0000:41:00.0"),
+            std::string::npos)
+      << get_topology(d, opts_).gpc_note;
+  // A device known only from a task's control region (-p) has no PCI bus id:
+  // the note names its UUID instead of an empty PCI device.
+  d.pci_bus_id.clear();
+  const Topology t = get_topology(d, opts_);
+  EXPECT_NE(t.gpc_note.find("nvdebug: cannot tell which " + dir_ + "/no-proc/gpuN is " + uuid_to_string(d.uuid) +
+                            ": its PCI bus id is unknown"),
+            std::string::npos)
+      << t.gpc_note;
+  EXPECT_EQ(t.gpc_note.find("PCI device )"), std::string::npos) << t.gpc_note;
+  try {
+    tpcs_of_gpcs(t, gpc_set({0}));  // what -p -g reports
+    FAIL();
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("its PCI bus id is unknown"), std::string::npos) << e.what();
+  }
+}
+
 TEST_F(TopologySource, PreHopperGpcsFromNvdebug) {
   opts_.nvdebug_root = kData + "/nvdebug/a100";
   const Topology t = get_topology(a100_device(), opts_);

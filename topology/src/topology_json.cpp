@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 
@@ -336,20 +337,112 @@ json topologies_to_json(const std::vector<Topology>& topos, bool with_index) {
   return json{{"schema", kTopologySchema}, {"devices", devs}};
 }
 
-std::vector<Topology> load_topology_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error(fmt::format("topology file {}: cannot open: {}", path, std::strerror(errno)));
-  json j;
-  try {
-    j = json::parse(in);
-  } catch (const json::parse_error& e) {
-    // e.byte is the offset where parsing stopped.
-    throw std::runtime_error(fmt::format("topology file {}: not valid JSON (at byte {})", path, e.byte));
+namespace {
+
+// A SAX pass that only looks for a key repeated within one object, and
+// remembers where ("devices[0].tpcs[3].bit"), in the field naming of the
+// loader's other messages. The DOM parser cannot report this: by the time it
+// returns, the first value is gone.
+class DuplicateKeyFinder : public nlohmann::json_sax<json> {
+ public:
+  std::string duplicate;  // path of the first repeated key; "" when none
+
+  bool null() override { return scalar(); }
+  bool boolean(bool) override { return scalar(); }
+  bool number_integer(number_integer_t) override { return scalar(); }
+  bool number_unsigned(number_unsigned_t) override { return scalar(); }
+  bool number_float(number_float_t, const string_t&) override { return scalar(); }
+  bool string(string_t&) override { return scalar(); }
+  bool binary(binary_t&) override { return scalar(); }
+  bool start_object(std::size_t) override { return open(true); }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override { return open(false); }
+  bool end_array() override { return close(); }
+  bool key(string_t& k) override {
+    Frame& f = frames_.back();
+    if (!f.keys.insert(k).second) {
+      duplicate = join(f.path, k);
+      return false;  // stops the parse
+    }
+    f.key = k;
+    return true;
   }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception&) override {
+    return false;  // the DOM parse reports syntax errors, with their offset
+  }
+
+ private:
+  struct Frame {
+    bool object;
+    std::string path;
+    std::set<std::string> keys;
+    std::string key;        // object: the key whose value comes next
+    std::size_t index = 0;  // array: the index of the next element
+  };
+  std::vector<Frame> frames_;
+
+  std::string child_path() const {
+    if (frames_.empty()) return "";
+    const Frame& f = frames_.back();
+    return f.object ? join(f.path, f.key) : fmt::format("{}[{}]", f.path, f.index);
+  }
+  bool scalar() {
+    if (!frames_.empty() && !frames_.back().object) ++frames_.back().index;
+    return true;
+  }
+  bool open(bool object) {
+    frames_.push_back(Frame{object, child_path(), {}, {}, 0});
+    return true;
+  }
+  bool close() {
+    frames_.pop_back();
+    return scalar();  // the finished object or array was one element of its parent
+  }
+};
+
+// Messages quote strings from the file; a "\n" in one must not split the line.
+std::string one_line(std::string_view s) {
+  std::string out;
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) out += fmt::format("\\x{:02x}", u);
+    else out += c;
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<Topology> topologies_from_text(std::string_view text) {
   try {
+    json j;
+    try {
+      j = json::parse(text);
+    } catch (const json::parse_error& e) {
+      // e.byte is the offset where parsing stopped.
+      throw std::runtime_error(fmt::format("not valid JSON (at byte {})", e.byte));
+    }
+    // Valid JSON, so this pass stops only at a duplicate key.
+    DuplicateKeyFinder dups;
+    json::sax_parse(text, &dups);
+    if (!dups.duplicate.empty())
+      fail(dups.duplicate, "duplicate key (JSON would silently keep the last value; give each key once)");
     return topologies_from_json(j);
   } catch (const std::runtime_error& e) {
-    throw std::runtime_error(fmt::format("topology file {}: {}", path, e.what()));
+    throw std::runtime_error(one_line(e.what()));
+  }
+}
+
+std::vector<Topology> load_topology_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error(fmt::format("topology file {}: cannot open: {}", path, std::strerror(errno)));
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) throw std::runtime_error(fmt::format("topology file {}: cannot read: {}", path, std::strerror(errno)));
+  try {
+    return topologies_from_text(text.str());
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(fmt::format("topology file {}: {}", one_line(path), e.what()));
   }
 }
 

@@ -94,7 +94,12 @@ std::optional<NvdebugLayout> find_nvdebug(const DeviceInfo& dev, const TopologyO
   std::optional<unsigned> idx = opts.nvdebug_index;
   if (!idx) idx = nvdebug_index_of(dev.pci_bus_id, opts.sysfs_pci_root);
   if (!idx) {
-    *note = fmt::format("nvdebug: cannot tell which {}/gpuN is PCI device {}", root, dev.pci_bus_id);
+    // A device known only from a task's control region (nvtaskset -p) has
+    // no PCI bus id; "is PCI device )" named nothing.
+    *note = dev.pci_bus_id.empty()
+                ? fmt::format("nvdebug: cannot tell which {}/gpuN is {}: its PCI bus id is unknown", root,
+                              uuid_to_string(dev.uuid))
+                : fmt::format("nvdebug: cannot tell which {}/gpuN is PCI device {}", root, dev.pci_bus_id);
     return std::nullopt;
   }
   auto nv = read_nvdebug(root, *idx);

@@ -3,6 +3,9 @@
 // from taskset.c) so it can be tested on its own.
 #pragma once
 
+#include <sys/types.h>
+
+#include <cstddef>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -17,18 +20,36 @@ struct ParseError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-// Largest ID a list may name. Lists are validated against the device later;
-// this bound only keeps "0-4000000000" from allocating gigabytes.
+// Largest number a list may hold, as an ID or as a stride. Lists are
+// validated against the device later; this bound is checked digit by digit,
+// before any arithmetic, so no number in a list can overflow or wrap.
 inline constexpr unsigned kMaxListId = 4095;
+// Longest list or mask text, and most comma-separated elements in a list. A
+// GPU has at most 128 TPCs, so anything longer is not a TPC or GPC list; the
+// bounds keep a pasted megabyte from costing seconds before it is refused.
+inline constexpr std::size_t kMaxListText = 4096;
+inline constexpr std::size_t kMaxListElements = 1024;
+// Largest PID Linux can hand out (PID_MAX_LIMIT on 64-bit kernels).
+inline constexpr long kMaxPid = 4194304;
 
 // Parses "0-7,12,20-31:2" (taskset's cpu-list syntax: comma-separated IDs or
-// ranges a-b with an optional stride :s). Returns the sorted, de-duplicated
-// IDs. `what` names the IDs in messages ("TPC", "GPC").
+// ranges a-b with an optional stride :s; decimal digits only, no signs or
+// spaces). Every number, strides included, is at most kMaxListId. Returns the
+// sorted, de-duplicated IDs. `what` names the IDs in messages ("TPC", "GPC").
+// Runs in time linear in the text (plus a fixed kMaxListId-bit scan).
 std::vector<unsigned> parse_list(std::string_view text, std::string_view what);
 
 // Parses a hexadecimal enable mask, with or without "0x", of at most 128
-// significant bits. Bit k set = ID k selected. A zero mask is an error.
+// significant bits (leading zeros allowed, kMaxListText characters at most).
+// Bit k set = ID k selected. A zero mask is an error.
 Bits128 parse_mask(std::string_view text, std::string_view what);
+
+// Parses a PID: decimal digits only (no sign, no spaces), 1..kMaxPid.
+pid_t parse_pid(std::string_view text);
+
+// `text` for an error message: control and non-ASCII bytes as \xNN, and cut
+// to a few dozen characters, so that a message stays one short line.
+std::string printable(std::string_view text);
 
 // Formats IDs as taskset prints them: "0-3,8,10-11" ("" when empty).
 std::string format_list(const std::vector<unsigned>& ids);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -29,6 +30,12 @@ std::vector<Topology> topologies_from_json(const nlohmann::json& j);
 
 // {"schema": ..., "devices": [...]}.
 nlohmann::json topologies_to_json(const std::vector<Topology>& topos, bool with_index = false);
+
+// Parses and validates a document's text (what load_topology_file reads).
+// Stricter than JSON: a key repeated in one object is an error, since
+// nlohmann (like most parsers) would silently keep the last value. Errors are
+// one line (control characters from the text are escaped).
+std::vector<Topology> topologies_from_text(std::string_view text);
 
 // Reads and validates a file; errors read "topology file F: <reason>".
 std::vector<Topology> load_topology_file(const std::string& path);
