@@ -71,7 +71,7 @@ int worker(long launches, bool self_hook) {
   CUcontext ctx{};
   if (init(0) || dev_get(&dev, 0)) return 3;
   if (self_hook) {
-    // The hook of FACTS.md / launch_hook.hpp, with a callback that does nothing.
+    // The hook of docs/hardware.md / launch_hook.hpp, with a callback that does nothing.
     static const unsigned char uuid[16] = {0x2c, 0x8e, 0x0a, 0xd8, 0x07, 0x10, 0xab, 0x4e,
                                            0x90, 0xdd, 0x54, 0x71, 0x9f, 0xe5, 0xf7, 0x4b};
     auto get_table = sym<CUresult (*)(const void**, const CUuuid*)>(h, "cuGetExportTable");

@@ -1,4 +1,4 @@
-// Find or start the NVIDIA MPS control daemon (FACTS.md, "%smid and MPS").
+// Find or start the NVIDIA MPS control daemon (docs/hardware.md, "%smid and MPS").
 //
 // The reference tool started MPS through system(); we fork/exec the control
 // program directly, give it only stdin=/dev/null and a captured stdout/stderr,

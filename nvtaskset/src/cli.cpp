@@ -135,7 +135,7 @@ Partition build_partition(const Request& r, const topo::DeviceInfo& dev, Devices
       p.enabled.bits = parse_mask(r.text, "physical");
       if (const topo::Topology* t = devices.known_topology(dev)) {
         // An enable mask with no working TPC makes every kernel wait forever
-        // (FACTS.md): refuse it whenever the layout is known.
+        // (docs/hardware.md): refuse it whenever the layout is known.
         if ((p.enabled.bits & t->working_bits().bits).none())
           throw Failure("physical mask " + p.enabled.bits.to_hex() + " enables no working TPC on " +
                         device_label(dev) + ": its kernels would never run");
@@ -551,7 +551,7 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
     set("LD_LIBRARY_PATH", shim_dir);
   }
   // MPS clients get 2 hardware channels by default, which serialises their
-  // streams; 8 restores the non-MPS behaviour (FACTS.md, paper Sec. 5.2).
+  // streams; 8 restores the non-MPS behaviour (docs/hardware.md, paper Sec. 5.2).
   if (!find("CUDA_DEVICE_MAX_CONNECTIONS")) set("CUDA_DEVICE_MAX_CONNECTIONS", "8");
   if (!real_driver.empty()) set(kRealDriverEnv, real_driver);
   return env;

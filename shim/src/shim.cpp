@@ -588,7 +588,7 @@ void on_launch(void* /*userdata*/, int domain, int cbid, const void* params) noe
     if (view.max_cluster != kClusterUnchecked && blocks > view.max_cluster)
       enabled = cluster_misfit(*h, *e, view, blocks);
   }
-  // The TMD takes the complement: a set bit disables a TPC (FACTS.md).
+  // The TMD takes the complement: a set bit disables a TPC (docs/hardware.md).
   tmd::write_disable_mask(t, layout, ~enabled);
   bump(h->kernels_masked);
 }

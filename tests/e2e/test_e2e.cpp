@@ -506,7 +506,7 @@ TEST_P(Physical, RawBitsReachThe128BitField) {
 INSTANTIATE_TEST_SUITE_P(
     E2E, Physical,
     ::testing::Values(PhysicalCase{"Hopper", "9.0", "v4", "0xffff", disable128(0, 0xffff)},
-                      // bit 80: working Hopper TPCs sit above bit 63 (FACTS.md)
+                      // bit 80: working Hopper TPCs sit above bit 63 (docs/hardware.md)
                       PhysicalCase{"HopperHighBits", "9.0", "v4", "0x10000000000000000ffff",
                                    disable128(0x10000, 0xffff)},
                       PhysicalCase{"Blackwell", "10.0", "v5", "0xffff", disable128(0, 0xffff)}),

@@ -1,6 +1,6 @@
 // A stand-in for NVIDIA's libcuda.so.1, for end-to-end tests without a GPU.
 //
-// It models exactly what nvtaskset depends on (../../shared/reference/FACTS.md,
+// It models exactly what nvtaskset depends on (docs/hardware.md,
 // "The launch callback"): cuGetExportTable hands out the callback table CUPTI
 // uses; entry 3 subscribes, entry 6 enables (domain, cbid); every launch builds
 // a TMD image of the configured layout, writes CUDA's own per-stream mask into
@@ -362,7 +362,7 @@ void build_tmd(Tmd& out, const Cluster& cl) {
   image[72] = spec.byte72;
   image[58] = spec.byte58;
   if (cl.x) tmd::write_cluster_shape(image, spec.layout, cl.x, cl.y ? cl.y : 1, cl.z ? cl.z : 1);
-  // CUDA writes its own per-stream mask before the callback runs (FACTS.md).
+  // CUDA writes its own per-stream mask before the callback runs (docs/hardware.md).
   // An unknown layout has no mask field; the stand-in puts the initial mask
   // where V03 keeps it, so a shim that wrongly treats it as V03 shows up.
   if (c.initial_mask.any()) {
@@ -743,7 +743,7 @@ CUresult CUDAAPI cuGetErrorName(CUresult error, const char** str) {
   return CUDA_ERROR_INVALID_VALUE;
 }
 
-// Works before cuInit, as the real one does (FACTS.md).
+// Works before cuInit, as the real one does (docs/hardware.md).
 CUresult CUDAAPI cuGetExportTable(const void** table, const CUuuid* id) {
   if (!table || !id) return CUDA_ERROR_INVALID_VALUE;
   if (std::memcmp(id->bytes, hook::kCallbackTableUuid, 16) != 0) {

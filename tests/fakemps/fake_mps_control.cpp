@@ -1,4 +1,4 @@
-// A stand-in for NVIDIA's `nvidia-cuda-mps-control` (FACTS.md, "%smid and MPS"),
+// A stand-in for NVIDIA's `nvidia-cuda-mps-control` (docs/hardware.md, "%smid and MPS"),
 // for tests on machines without a GPU or the MPS tools.
 //
 //   nvidia-cuda-mps-control -d   daemonize: fork, setsid; the parent exits 0

@@ -1,5 +1,5 @@
 // Diagnostic: what does touching the TMD inside the launch callback cost?
-// Subscribes one callback (FACTS.md hook) whose work is switched between
+// Subscribes one callback (docs/hardware.md hook) whose work is switched between
 // modes, and times 100k empty-kernel launches per mode, interleaved over
 // several rounds in one process:
 //   0 nothing          the callback returns at once

@@ -1,7 +1,7 @@
 // Diagnostic: what does the hidden launch callback's params struct hold, and
 // may the callback call cuCtxGetCurrent/cuCtxGetDevice? Launches an empty
 // kernel in several contexts (two on device 0, one per other device) with a
-// callback subscribed as FACTS.md describes, and prints, per launch, the
+// callback subscribed as docs/hardware.md describes, and prints, per launch, the
 // context and device used next to the first words of params.
 #include <cuda.h>
 

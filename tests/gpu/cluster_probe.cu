@@ -1,7 +1,7 @@
 // Launches a thread-block-cluster kernel of a given cluster size (one block
 // per SM) and reports the SMs/TPCs its blocks ran on. Under a GPC partition
 // (nvtaskset -g) a kernel with cluster size C can run only if the partition
-// holds C SMs of one GPC (FACTS.md); this checks that the largest size the
+// holds C SMs of one GPC (docs/hardware.md); this checks that the largest size the
 // GPC supports still runs.
 //   cluster_probe --size C [--clusters N]
 #include <cuda_runtime.h>

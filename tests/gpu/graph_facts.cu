@@ -1,7 +1,7 @@
 // Diagnostic: which driver calls make a CUDA graph exec rebuild the TMDs of
 // its kernel nodes (so that the hidden TMD-upload callback, domain 0xb cbid 1,
 // fires again and a new TPC mask reaches replays), and where the cluster
-// shape sits in a V04 TMD. Subscribes the callback as FACTS.md describes and
+// shape sits in a V04 TMD. Subscribes the callback as docs/hardware.md describes and
 // counts how often it fires for each launch. Prints one line per fact:
 //   FACT <name> rc=<CUresult> callbacks=<n>
 // Also times the toggle (disable + enable) per kernel node.

@@ -2,7 +2,7 @@
 // reports which SMs and logical TPCs its kernels ran on. Used on a real GPU to
 // check that nvtaskset's partition is what the hardware obeys
 // (docs/verification.md). Outside MPS, %smid is the real SM ID; under MPS it
-// is renumbered (FACTS.md), so checks of exact TPCs run with --no-mps.
+// is renumbered (docs/hardware.md), so checks of exact TPCs run with --no-mps.
 //
 //   smid_probe [--iters N] [--interval-ms M] [--blocks B] [--until-file F] [--ready-file F]
 //              [--device D | --all-devices]

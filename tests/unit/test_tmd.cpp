@@ -1,6 +1,6 @@
 // TMD (QMD) mask editing on synthetic images of every layout (tmd.hpp).
 // Offsets come from NVIDIA open-gpu-doc classes/compute/cl*qmd.h, as listed in
-// ../shared/reference/FACTS.md; the tests restate them independently of
+// docs/hardware.md; the tests restate them independently of
 // tmd.hpp so a wrong constant there cannot pass.
 #include <gtest/gtest.h>
 

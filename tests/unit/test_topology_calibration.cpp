@@ -7,7 +7,7 @@
 //    HwModel. Launches call the subscribed TMD callback with a real TMD
 //    buffer, read back the mask it wrote (tmd::read_disable_mask), and run
 //    the kernel on the enabled TPCs only. A launch whose mask leaves no
-//    working TPC never completes, as on real hardware (FACTS.md): the tests
+//    working TPC never completes, as on real hardware (docs/hardware.md): the tests
 //    check calibration never causes one.
 #include <gtest/gtest.h>
 
@@ -460,7 +460,7 @@ CUresult cuStreamDestroy(CUstream) {
 CUresult cuStreamQuery(CUstream) { return g->stream_stuck ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS; }
 
 // Builds a TMD, lets the subscribed callback edit it, and returns the mask of
-// TPCs the hardware would run on (FACTS.md: set bit = disabled; V04 needs its
+// TPCs the hardware would run on (docs/hardware.md: set bit = disabled; V04 needs its
 // valid bit).
 std::vector<bool> enabled_tpcs_after_callback() {
   ++g->launches;

@@ -2,7 +2,7 @@
 //
 // HwModel is "the hardware": which mask bit controls each logical TPC, which
 // hardware GPC holds it, and whether it can host cluster blocks. The H200-like
-// model follows FACTS.md: 66 TPCs (132 SMs) in 8 GPCs of 8, 16 or 18 SMs,
+// model follows docs/hardware.md: 66 TPCs (132 SMs) in 8 GPCs of 8, 16 or 18 SMs,
 // logical TPCs striped across GPCs (SMs 2-3 are not in SMs 0-1's GPC), mask
 // bits that are physical slots (12 per GPC, 0..95) with floorswept holes, not
 // monotone in the logical TPC, many above 63; and a few TPCs that never host

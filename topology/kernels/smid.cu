@@ -4,7 +4,7 @@
 // `spin_ns` nanoseconds. The host launches it with so much dynamic shared
 // memory that only one block fits on an SM: the first wave of a grid of at
 // least sm_count blocks then puts one block on EVERY enabled SM, so an SM
-// missing from the bitmap is an SM the TPC mask disabled (FACTS.md: "Safe
+// missing from the bitmap is an SM the TPC mask disabled (docs/hardware.md: "Safe
 // discovery").
 //
 // Generated into PTX by regen.sh; the build never needs nvcc.

@@ -380,7 +380,7 @@ class GpuSession {
   }
 
   // Every GPU wait is bounded: a kernel whose mask enables no working TPC
-  // never runs, and synchronising on it would hang forever (FACTS.md).
+  // never runs, and synchronising on it would hang forever (docs/hardware.md).
   void wait(const std::string& what) {
     const auto deadline = std::chrono::steady_clock::now() + opt_.wait_timeout;
     for (;;) {
@@ -540,7 +540,7 @@ Topology calibrate(CudaDriver& drv, const DeviceInfo& dev, const ProgressFn& pro
 
   // 2. One bit at a time. Disabling a single bit leaves every other bit
   // enabled, so at least tpc_count-1 TPCs stay enabled: such a launch always
-  // runs (FACTS.md, "Safe discovery").
+  // runs (docs/hardware.md, "Safe discovery").
   const auto t_bits = std::chrono::steady_clock::now();
   CalibrationObservations obs;
   obs.device = dev;

@@ -134,7 +134,7 @@ CudaDriver::CudaDriver(const DriverOptions& opts) : impl_(std::make_unique<Impl>
   if (opts.private_mps_pipe) {
     // Under MPS, %smid is virtualised; a process is an MPS client when a
     // daemon answers in its pipe directory. An empty private directory has
-    // no daemon, so this process never becomes one (FACTS.md).
+    // no daemon, so this process never becomes one (docs/hardware.md).
     if (const char* v = std::getenv(kMpsPipeEnv)) {
       I.had_pipe_env = true;
       I.saved_pipe_env = v;

@@ -111,7 +111,7 @@ Topology topology_from_observations(const CalibrationObservations& obs) {
   // A TPC whose SMs only ever shared clusters with each other (size 2 fits
   // in one TPC) tells nothing about its GPC: it gets no GPC rather than a
   // made-up one-TPC GPC. Seen on an H200: four such TPCs next to 8 real
-  // GPCs (docs/verification.md); FACTS.md: report them honestly.
+  // GPCs (docs/verification.md); docs/hardware.md: report them honestly.
   std::map<unsigned, unsigned> group_size;
   for (unsigned k = 0; k < n; ++k)
     if (capable[k]) ++group_size[uf.find(k)];

@@ -78,7 +78,7 @@ std::optional<NvdebugLayout> read_nvdebug(const std::string& root, unsigned gpu_
     throw std::runtime_error(fmt::format("nvdebug {}: the TPC masks enable {} TPCs", nv.dir, total));
 
   // CWD_GPC_TPC_ID<k>: the upper nibble of byte j is the GPC of logical TPC
-  // 4k+j (FACTS.md).
+  // 4k+j (docs/hardware.md).
   std::uint64_t any = 0, reg = 0;
   for (unsigned t = 0; t < total; ++t) {
     if (t % 4 == 0) {

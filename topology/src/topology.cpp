@@ -81,7 +81,7 @@ std::optional<Topology> identity_topology(const DeviceInfo& dev) {
   Topology t;
   t.device = dev;
   t.source = "identity";
-  // Before Hopper, TMD mask bit k controls logical TPC k (FACTS.md); the
+  // Before Hopper, TMD mask bit k controls logical TPC k (docs/hardware.md); the
   // pre-Hopper TMD mask has 64 bits (V01_06..V03_xx).
   for (unsigned k = 0; k < dev.tpc_count(); ++k) {
     TpcInfo ti;
@@ -165,7 +165,7 @@ PhysicalTpcMask to_physical(const Topology& t, const LogicalTpcSet& tpcs) {
     fail(fmt::format("the mask bit of TPC {} on device {} is unknown (topology from {}); run nvtaskset --calibrate",
                      format_id_range(unknown), dev, t.source.empty() ? "nowhere" : t.source));
   // Every bit above controls a working TPC by construction; check anyway: a
-  // mask enabling no working TPC makes every kernel wait forever (FACTS.md).
+  // mask enabling no working TPC makes every kernel wait forever (docs/hardware.md).
   if ((out.bits & t.working_bits().bits).none())
     fail(fmt::format("TPC list for device {} enables no working TPC", dev));
   return out;

@@ -1,5 +1,5 @@
 // mps/: find or start the NVIDIA MPS control daemon so that partitioned tasks
-// co-run instead of time-slicing (FACTS.md, "%smid and MPS").
+// co-run instead of time-slicing (docs/hardware.md, "%smid and MPS").
 #pragma once
 
 #include <chrono>

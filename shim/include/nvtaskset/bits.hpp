@@ -4,7 +4,7 @@
 //   * a logical TPC ID k names the SMs whose %smid (outside MPS) is 2k and 2k+1;
 //   * a physical TPC bit is a bit position in the TMD's TPC-disable mask. Before
 //     Hopper it equals the logical TPC ID; on Hopper (QMD V04) it is a physical
-//     TPC slot, floorswept slots included (../shared/reference/FACTS.md);
+//     TPC slot, floorswept slots included (docs/hardware.md);
 //   * an SM ID is what %smid reports.
 // Each gets its own strong type; sets of them are 128-bit because the widest
 // TMD mask (Hopper, Blackwell) has 128 bits.
@@ -101,7 +101,7 @@ using LogicalTpcSet = IdSet<LogicalTpcId>;
 using PhysicalTpcMask = IdSet<PhysicalTpcBit>;
 using GpcSet = IdSet<GpcId>;
 
-// The SMs of logical TPC k are 2k and 2k+1 (FACTS.md; true for every NVIDIA
+// The SMs of logical TPC k are 2k and 2k+1 (docs/hardware.md; true for every NVIDIA
 // GPU since Volta, where a TPC holds two SMs).
 constexpr SmId first_sm_of(LogicalTpcId t) { return SmId{2 * t.value}; }
 constexpr LogicalTpcId tpc_of_sm(SmId s) { return LogicalTpcId{s.value / 2}; }

@@ -1,5 +1,5 @@
 // The driver's hidden launch callback: the hook through which a TPC mask
-// reaches each kernel's TMD. Facts from ../shared/reference/FACTS.md
+// reaches each kernel's TMD. Facts from docs/hardware.md
 // (measured on H200, driver 580.159.04):
 //   * cuGetExportTable with kCallbackTableUuid returns the table CUPTI uses;
 //     entry 3 subscribes a callback, entry 6 enables one (domain, cbid);

@@ -1,7 +1,7 @@
 // Editing the TPC-disable mask of a Task Metadata Descriptor (TMD, a.k.a. QMD).
 //
 // Layouts, from NVIDIA open-gpu-doc classes/compute/cl*qmd.h and
-// ../shared/reference/FACTS.md. A SET bit DISABLES a TPC.
+// docs/hardware.md. A SET bit DISABLES a TPC.
 //   V01_06..V03_xx (Kepler2..Ada): version byte 72 in [0x16, 0x40);
 //       mask words at bytes 84 (bits 0-31) and 88 (bits 32-63).
 //   V04_00 (Hopper): byte 72 == 0x40; mask words at bytes 304, 308, 312, 316;
@@ -94,7 +94,7 @@ inline bool write_disable_mask(void* tmd, Layout layout, const Bits128& disable)
 // Thread-block cluster shape (GPC_CGA_WIDTH/HEIGHT/DEPTH, 6 bits each, one
 // byte apart), from NVIDIA open-gpu-doc:
 //   V04_00 (clcbc0qmd.h): MW(2149:2144), MW(2157:2152), MW(2165:2160) =
-//       low 6 bits of bytes 268, 269, 270. Checked on an H200 (FACTS.md):
+//       low 6 bits of bytes 268, 269, 270. Checked on an H200 (docs/hardware.md):
 //       0 0 0 without clusters; 2/4/8/16 1 1 for clusters of 2..16 along x.
 //   V05_00 (clcdc0qmd.h): MW(2053:2048), MW(2061:2056), MW(2069:2064) =
 //       bytes 256, 257, 258. From the header only (no Blackwell GPU here).

@@ -1,6 +1,6 @@
 // Measuring a GPU's layout on the GPU itself (no kernel module).
 //
-// 1. Mask bit -> logical TPC, by the hang-free method of FACTS.md: with our
+// 1. Mask bit -> logical TPC, by the hang-free method of docs/hardware.md: with our
 //    own launch callback writing the TMD mask, disable ONE bit at a time and
 //    see which SM pair (%smid 2k, 2k+1) vanishes from a kernel that records
 //    %smid on every SM. Never launch a mask that enables only non-working bits:

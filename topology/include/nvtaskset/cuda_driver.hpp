@@ -5,7 +5,7 @@
 // cuInit it points CUDA_MPS_PIPE_DIRECTORY at a fresh, empty, private
 // directory, because under MPS %smid is virtualised (each client sees SM IDs
 // renumbered from 0), which would make calibration measure nonsense
-// (FACTS.md, "%smid and MPS"). The original value is put back by
+// (docs/hardware.md, "%smid and MPS"). The original value is put back by
 // restore_environment() (call it before exec'ing a task) or the destructor.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The nvdebug kernel module's topology registers (FACTS.md, "GPCs and
+// The nvdebug kernel module's topology registers (docs/hardware.md, "GPCs and
 // thread-block clusters"). nvdebug exposes, under /proc/gpuN/, hex text files:
 //   num_gpcs            GPC slots of the chip
 //   gpc_mask            set bit = GPC disabled (floorswept)

@@ -33,7 +33,7 @@ struct DeviceInfo {
   std::string driver_release;  // e.g. "580.159.04"; empty when unknown
 
   unsigned tpc_count() const { return sm_count / 2; }
-  // Before Hopper, TMD mask bit k controls logical TPC k (FACTS.md).
+  // Before Hopper, TMD mask bit k controls logical TPC k (docs/hardware.md).
   bool mask_bits_are_logical() const { return cc_major < 9; }
   // Thread-block clusters exist from sm_90 on.
   bool has_clusters() const { return cc_major >= 9; }
@@ -88,7 +88,7 @@ void validate(const Topology& t);
 // the offending ID ("TPC 70 does not exist on device 0 (TPCs 0-65)").
 // to_physical: the enable mask for `tpcs`. Rejects an empty set, TPCs that do
 // not exist and TPCs whose bit is unknown; never returns a mask without a
-// working TPC (such a mask makes kernels wait forever, FACTS.md).
+// working TPC (such a mask makes kernels wait forever, docs/hardware.md).
 PhysicalTpcMask to_physical(const Topology& t, const LogicalTpcSet& tpcs);
 // The TPCs of the given GPCs whose GPC is known. Rejects an empty set, GPCs
 // that do not exist, and any GPC list when the GPC layout is unknown.
@@ -100,7 +100,7 @@ LogicalTpcSet logical_of_physical(const Topology& t, const PhysicalTpcMask& m);
 
 // Which thread-block-cluster sizes a partition can run. A kernel with cluster
 // size C needs C SMs of one GPC inside its partition, or it never runs
-// (FACTS.md). Size C counts as runnable on the set when some GPC g has at least
+// (docs/hardware.md). Size C counts as runnable on the set when some GPC g has at least
 // ceil(C/2) cluster-capable TPCs inside the set and C <= g.max_cluster.
 inline constexpr unsigned kClusterSizes[] = {2, 4, 8, 16};
 struct ClusterCapability {
