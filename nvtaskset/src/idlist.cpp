@@ -142,20 +142,6 @@ pid_t parse_pid(std::string_view text) {
   return static_cast<pid_t>(v);
 }
 
-std::string format_list(const std::vector<unsigned>& ids) {
-  std::string out;
-  for (std::size_t i = 0; i < ids.size();) {
-    std::size_t j = i;
-    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
-    if (!out.empty()) out += ',';
-    out += std::to_string(ids[i]);
-    if (j > i) out += '-' + std::to_string(ids[j]);
-    i = j + 1;
-  }
-  return out;
-}
-
-std::string format_list(const Bits128& ids) { return format_list(ids.indices()); }
 
 Bits128 to_bits(const std::vector<unsigned>& ids, std::string_view what) {
   Bits128 b;

@@ -153,12 +153,8 @@ std::uint64_t process_start_time(pid_t pid) {
 }
 
 Partition read_partition(const DeviceEntry& e) {
-  for (int i = 0; i < kReadTries; ++i) {
-    const std::uint64_t gen = e.generation.load(std::memory_order_acquire);
-    const MaskBuffer& b = e.buffer[gen & 1];
-    const std::uint64_t s1 = b.seq.load(std::memory_order_acquire);
-    if (s1 & 1) continue;
-    Partition p;
+  Partition p;
+  const ReadResult r = seqlock_read(e, [&p](const MaskBuffer& b) {
     p.kind = static_cast<SpecKind>(b.kind.load(std::memory_order_relaxed));
     p.enabled.bits = {b.enabled[0].load(std::memory_order_relaxed), b.enabled[1].load(std::memory_order_relaxed)};
     p.tpcs.bits = {b.tpcs[0].load(std::memory_order_relaxed), b.tpcs[1].load(std::memory_order_relaxed)};
@@ -166,10 +162,9 @@ Partition read_partition(const DeviceEntry& e) {
     p.max_cluster = static_cast<std::uint32_t>(b.max_cluster.load(std::memory_order_relaxed));
     p.widened.bits = {b.widened[0].load(std::memory_order_relaxed), b.widened[1].load(std::memory_order_relaxed)};
     p.widened_max_cluster = static_cast<std::uint32_t>(b.widened_max_cluster.load(std::memory_order_relaxed));
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (b.seq.load(std::memory_order_relaxed) == s1) return p;
-  }
-  throw Error("inconsistent");
+  });
+  if (r == ReadResult::kInconsistent) throw Error("inconsistent");
+  return p;
 }
 
 void init_header(Header& h, const std::vector<DevicePartition>& initial) {

@@ -310,9 +310,10 @@ TEST(Render, UnknownGpcsAndSeveralGpus) {
 }
 
 TEST(Format, IdRanges) {
-  EXPECT_EQ(format_id_range({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
-  EXPECT_EQ(format_id_range({5}), "5");
-  EXPECT_EQ(format_id_range({}), "");
+  EXPECT_EQ(format_ranges({0, 1, 2, 3, 8, 10, 11}), "0-3,8,10-11");
+  EXPECT_EQ(format_ranges(std::vector<unsigned>{5}), "5");
+  EXPECT_EQ(format_ranges(std::vector<unsigned>{}), "");
+  EXPECT_EQ(format_ranges(std::vector<unsigned>{3, 1, 2, 2, 7}), "1-3,7");  // sorted, duplicates dropped
   EXPECT_EQ(format_id_list({4, 0, 8}), "4 0 8");
 }
 

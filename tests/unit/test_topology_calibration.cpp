@@ -100,7 +100,7 @@ TEST(CalibrationObservations, PerfectHopperObservationsGiveTheModel) {
   std::vector<unsigned> unplaced;
   for (unsigned k = 0; k < 66; ++k)
     if (!m.cluster_capable[k]) unplaced.push_back(k);
-  EXPECT_EQ(t.gpc_note, "TPCs " + format_id_range(unplaced) +
+  EXPECT_EQ(t.gpc_note, "TPCs " + format_ranges(unplaced) +
                             " never hosted a thread-block-cluster block, so their GPC is unknown");
 }
 

@@ -122,7 +122,7 @@ TEST(TopologyJson, GoldenFilesStayReadable) {
   std::vector<unsigned> unplaced;
   for (const auto& ti : want.tpcs)
     if (!ti.gpc) unplaced.push_back(ti.id.value);
-  want.gpc_note = "TPCs " + format_id_range(unplaced) + " never hosted a thread-block-cluster block, so their GPC is unknown";
+  want.gpc_note = "TPCs " + format_ranges(unplaced) + " never hosted a thread-block-cluster block, so their GPC is unknown";
   expect_same(h200[0], want);
 
   auto two = load_topology_file(kData + "/two_gpus.json");

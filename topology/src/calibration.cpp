@@ -641,7 +641,7 @@ Topology calibrate(CudaDriver& drv, const DeviceInfo& dev, const ProgressFn& pro
     std::vector<unsigned> ks;
     for (auto k : g.tpcs) ks.push_back(k.value);
     spdlog::debug("{}: GPC {} ({} TPCs, max cluster {}): TPCs {}", who, g.id.value, g.tpcs.size(), g.max_cluster,
-                  format_id_range(ks));
+                  format_ranges(ks));
   }
   if (!t.gpc_note.empty()) spdlog::debug("{}: {}", who, t.gpc_note);
   spdlog::debug("{}: {:.1f} ms in all ({} launches): setup {:.1f}, baseline {:.1f}, bits {:.1f}, check {:.1f}, "

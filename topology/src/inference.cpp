@@ -79,7 +79,7 @@ Topology topology_from_observations(const CalibrationObservations& obs) {
   }
   if (!orphans.empty())
     fail(fmt::format("{}: logical TPC{} {} {} controlled by no mask bit among the {} probed", who,
-                     orphans.size() == 1 ? "" : "s", format_id_range(orphans), orphans.size() == 1 ? "is" : "are",
+                     orphans.size() == 1 ? "" : "s", format_ranges(orphans), orphans.size() == 1 ? "is" : "are",
                      obs.probed_bits ? obs.probed_bits : static_cast<unsigned>(obs.bits.size())));
 
   // GPCs: SMs that shared a cluster share a GPC; a TPC's two SMs always do.
@@ -131,7 +131,7 @@ Topology topology_from_observations(const CalibrationObservations& obs) {
     std::string refused;
     if (!obs.refused_cluster_sizes.empty()) {
       std::vector<unsigned> r = obs.refused_cluster_sizes;
-      refused = fmt::format(" (the device refused cluster sizes {})", format_id_range(r));
+      refused = fmt::format(" (the device refused cluster sizes {})", format_ranges(r));
     }
     t.gpc_note = "no thread-block cluster ran during calibration" + refused;
     validate(t);
@@ -164,11 +164,11 @@ Topology topology_from_observations(const CalibrationObservations& obs) {
   std::vector<std::string> notes;
   if (!unplaced.empty())
     notes.push_back(fmt::format("TPC{} {} never hosted a thread-block-cluster block, so {} GPC is unknown",
-                                unplaced.size() == 1 ? "" : "s", format_id_range(unplaced),
+                                unplaced.size() == 1 ? "" : "s", format_ranges(unplaced),
                                 unplaced.size() == 1 ? "its" : "their"));
   if (!lone.empty())
     notes.push_back(fmt::format("TPC{} {} never shared a thread-block cluster with another TPC, so {} GPC is unknown",
-                                lone.size() == 1 ? "" : "s", format_id_range(lone), lone.size() == 1 ? "its" : "their"));
+                                lone.size() == 1 ? "" : "s", format_ranges(lone), lone.size() == 1 ? "its" : "their"));
   for (const auto& note : notes) t.gpc_note += (t.gpc_note.empty() ? "" : "; ") + note;
   validate(t);
   return t;

@@ -43,20 +43,6 @@ std::string format_id_list(const std::vector<unsigned>& ids) {
   return out;
 }
 
-std::string format_id_range(const std::vector<unsigned>& ids_in) {
-  std::vector<unsigned> ids = ids_in;
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  std::string out;
-  for (std::size_t i = 0; i < ids.size();) {
-    std::size_t j = i;
-    while (j + 1 < ids.size() && ids[j + 1] == ids[j] + 1) ++j;
-    if (!out.empty()) out += ',';
-    out += j == i ? std::to_string(ids[i]) : fmt::format("{}-{}", ids[i], ids[j]);
-    i = j + 1;
-  }
-  return out;
-}
 
 bool Topology::bits_known() const {
   if (tpcs.empty()) return false;
@@ -163,7 +149,7 @@ PhysicalTpcMask to_physical(const Topology& t, const LogicalTpcSet& tpcs) {
   }
   if (!unknown.empty())
     fail(fmt::format("the mask bit of TPC {} on device {} is unknown (topology from {}); run nvtaskset --calibrate",
-                     format_id_range(unknown), dev, t.source.empty() ? "nowhere" : t.source));
+                     format_ranges(unknown), dev, t.source.empty() ? "nowhere" : t.source));
   // Every bit above controls a working TPC by construction; check anyway: a
   // mask enabling no working TPC makes every kernel wait forever (docs/hardware.md).
   if ((out.bits & t.working_bits().bits).none())

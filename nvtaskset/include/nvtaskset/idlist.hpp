@@ -52,8 +52,9 @@ pid_t parse_pid(std::string_view text);
 std::string printable(std::string_view text);
 
 // Formats IDs as taskset prints them: "0-3,8,10-11" ("" when empty).
-std::string format_list(const std::vector<unsigned>& ids);
-std::string format_list(const Bits128& ids);
+// (format_ranges in bits.hpp, the one formatter topology/ uses too.)
+inline std::string format_list(const std::vector<unsigned>& ids) { return format_ranges(ids); }
+inline std::string format_list(const Bits128& ids) { return format_ranges(ids); }
 
 // IDs as a Bits128; throws ParseError when one is >= 128.
 Bits128 to_bits(const std::vector<unsigned>& ids, std::string_view what);

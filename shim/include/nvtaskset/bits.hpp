@@ -63,6 +63,12 @@ struct Bits128 {
   std::string to_hex() const;
 };
 
+// "0-3,8,10-11": IDs as taskset prints a cpu list (sorted, duplicates
+// dropped; "" when empty). The one list formatter of the CLI and topology/
+// (the launch callback has its own, which allocates nothing).
+std::string format_ranges(std::vector<unsigned> ids);
+inline std::string format_ranges(const Bits128& ids) { return format_ranges(ids.indices()); }
+
 // A Bits128 whose bit positions mean one kind of ID.
 template <class Id>
 struct IdSet {

@@ -119,27 +119,38 @@ inline constexpr int kReadTries = 64;
 
 enum class ReadResult { kOk, kNone, kInconsistent };
 
-// Lock-free, bounded read of one device entry, for the launch callback.
-// kNone: the entry holds no partition; kInconsistent: no consistent copy
-// within kReadTries (the caller falls back to its last good copy).
-inline ReadResult read_launch_view(const DeviceEntry& e, LaunchView& v) noexcept {
+// The one seqlock read of an entry's published buffer: `copy(buffer)` loads
+// the fields the caller needs (relaxed); the copy counts only when the
+// buffer's sequence was even and unchanged around it. Lock-free, bounded,
+// allocation-free: the launch callback uses it.
+template <class Copy>
+inline ReadResult seqlock_read(const DeviceEntry& e, Copy&& copy) noexcept {
   for (int i = 0; i < kReadTries; ++i) {
     const std::uint64_t gen = e.generation.load(std::memory_order_acquire);
     const MaskBuffer& b = e.buffer[gen & 1];
     const std::uint64_t s1 = b.seq.load(std::memory_order_acquire);
     if (s1 & 1) continue;
     const std::uint64_t kind = b.kind.load(std::memory_order_relaxed);
+    copy(b);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (b.seq.load(std::memory_order_relaxed) != s1) continue;
+    return kind != 0 ? ReadResult::kOk : ReadResult::kNone;
+  }
+  return ReadResult::kInconsistent;
+}
+
+// What the launch callback reads of one entry. kNone: the entry holds no
+// partition; kInconsistent: no consistent copy within kReadTries (the caller
+// falls back to its last good copy).
+inline ReadResult read_launch_view(const DeviceEntry& e, LaunchView& v) noexcept {
+  return seqlock_read(e, [&v](const MaskBuffer& b) {
     v.enabled_lo = b.enabled[0].load(std::memory_order_relaxed);
     v.enabled_hi = b.enabled[1].load(std::memory_order_relaxed);
     v.max_cluster = b.max_cluster.load(std::memory_order_relaxed);
     v.widened_lo = b.widened[0].load(std::memory_order_relaxed);
     v.widened_hi = b.widened[1].load(std::memory_order_relaxed);
     v.widened_max_cluster = b.widened_max_cluster.load(std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (b.seq.load(std::memory_order_relaxed) != s1) continue;
-    return kind != 0 ? ReadResult::kOk : ReadResult::kNone;
-  }
-  return ReadResult::kInconsistent;
+  });
 }
 
 // The old interface, for tests: true when the entry holds a partition.

@@ -148,6 +148,6 @@ std::string render_topology_json(const std::vector<Topology>& topos);
 
 // "0-3 8 10-11" style helpers used in messages and rendering.
 std::string format_id_list(const std::vector<unsigned>& ids);  // "0 4 8" (space separated)
-std::string format_id_range(const std::vector<unsigned>& ids);  // "0-3,8,10-11"
+// "0-3,8,10-11" is format_ranges (bits.hpp).
 
 }  // namespace nvtaskset::topo
