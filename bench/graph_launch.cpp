@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Host cost of cuGraphLaunch with the shim, which (to make graph replays
 // follow `nvtaskset -p`) looks at every graph launch whether the partition
 // changed and, after a change, re-encodes the exec's kernel nodes.

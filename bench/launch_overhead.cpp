@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Launch overhead of the shim: host enqueue time of empty kernels with the
 // shim loaded and a partition set, against the plain driver, measured in
 // interleaved rounds in one run (the machines are noisy) and printed as

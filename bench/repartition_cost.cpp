@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Repartition cost: wall time of `nvtaskset -p -t LIST PID` against a live
 // partitioned task, next to the time of `nvtaskset --version` (the cost of
 // starting the CLI at all), in alternating runs, printed with their ratio.

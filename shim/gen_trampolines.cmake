@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Generates the shim's driver-API trampolines (CMake script mode, no Python):
 #   cmake -DLIST=cuda_exports.txt -DOUT=trampolines.S -DARCH=x86_64 [-DMAP=exports.map]
 #         -P gen_trampolines.cmake

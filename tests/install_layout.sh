@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # `cmake --install` gives bin/nvtaskset + lib/nvtaskset/libcuda.so.1, and the
 # installed CLI finds its shim and partitions a task (against the stand-in
 # driver); `find_package(nvtaskset)` works from the installed prefix.
@@ -11,10 +12,32 @@ test -x "$prefix/bin/nvtaskset"
 test -f "$prefix/lib/nvtaskset/libcuda.so.1"
 test -f "$prefix/share/man/man1/nvtaskset.1"
 test -f "$prefix/lib/cmake/nvtaskset/nvtasksetConfig.cmake"
+test -f "$prefix/lib/pkgconfig/nvtaskset.pc"
+# Only the public API is installed: internals stay in the tree.
+test -f "$prefix/include/nvtaskset/control_region.hpp"
+for internal in tmd.hpp launch_hook.hpp driver_locate.hpp; do
+  if test -e "$prefix/include/nvtaskset/$internal"; then echo "internal header installed: $internal"; exit 1; fi
+done
 out=$(NVTASKSET_REAL_LIBCUDA="$fake" FAKECUDA_RECORD="$prefix/record" "$prefix/bin/nvtaskset" --no-mps -t 1 \
       "$launcher" --kernels 1 --print-env LD_LIBRARY_PATH)
 case "$out" in *"$prefix/lib/nvtaskset"*) ;; *) echo "task did not get the installed shim: $out"; exit 1;; esac
 grep -q ' 0xfffffffffffffffd launch$' "$prefix/record" || { echo "mask not applied: $(cat "$prefix/record")"; exit 1; }
+# Shell completion: installed, and it completes options and the PIDs of
+# partitioned tasks.
+comp="$prefix/share/bash-completion/completions/nvtaskset"
+test -f "$comp" && test -f "$prefix/share/zsh/site-functions/_nvtaskset"
+complete_words() {  # the words bash would offer for the command line "$@" (last word: the one being typed)
+  bash -c 'source "$0"; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _nvtaskset; printf "%s\n" "${COMPREPLY[@]}"' "$comp" "$@"
+}
+complete_words nvtaskset --sys | grep -qx -- --system-wide || { echo "completion: no --system-wide"; exit 1; }
+complete_words nvtaskset --system-wide e | grep -qx enable || { echo "completion: no enable"; exit 1; }
+NVTASKSET_REAL_LIBCUDA="$fake" FAKECUDA_RECORD="$prefix/record2" "$prefix/bin/nvtaskset" --no-mps -t 1 \
+  "$launcher" --until-file "$prefix/until" --interval-ms 5 --ready-file "$prefix/ready" >/dev/null &
+for _ in $(seq 200); do test -f "$prefix/ready" && break; sleep 0.05; done
+task=$(cat "$prefix/ready")
+pids=$(complete_words nvtaskset -p "")
+touch "$prefix/until"; wait
+echo "$pids" | grep -qx "$task" || { echo "completion: partitioned pid $task not offered: $pids"; exit 1; }
 # A consumer project.
 mkdir -p "$prefix/consumer"
 cat > "$prefix/consumer/CMakeLists.txt" <<'CM'
@@ -32,4 +55,8 @@ CPP
 cmake -S "$prefix/consumer" -B "$prefix/consumer/build" -DCMAKE_PREFIX_PATH="$prefix" >/dev/null
 cmake --build "$prefix/consumer/build" >/dev/null
 "$prefix/consumer/build/consumer"
+# The same consumer through pkg-config.
+flags=$(PKG_CONFIG_PATH="$prefix/lib/pkgconfig" pkg-config --cflags --libs nvtaskset)
+c++ -std=c++20 "$prefix/consumer/main.cpp" -o "$prefix/consumer/pc-consumer" $flags -lpthread -ldl -lrt
+"$prefix/consumer/pc-consumer"
 echo "install layout: ok"

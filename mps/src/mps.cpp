@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Find or start the NVIDIA MPS control daemon (docs/hardware.md, "%smid and MPS").
 //
 // The reference tool started MPS through system(); we fork/exec the control

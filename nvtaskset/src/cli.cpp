@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // nvtaskset: the command line. Data flows top-down:
 //   1. parse the command line (CLI11, idlist.hpp);
 //   2. ask topology/ for the device and translate logical TPC/GPC lists into
@@ -518,6 +519,15 @@ const char* kDescription =
     "whose %smid is 2k and 2k+1. The command runs as an MPS client (nvtaskset starts\n"
     "the MPS control daemon if none runs) with CUDA_DEVICE_MAX_CONNECTIONS=8.";
 
+// What a bug report needs: the version, the CUDA headers it was built with,
+// and the control-region protocol it speaks.
+std::string version_text() {
+  const int cuda = NVTASKSET_CUDA_HEADERS_VERSION;
+  return std::string("nvtaskset ") + NVTASKSET_VERSION + "\nbuilt with CUDA headers " + std::to_string(cuda / 1000) +
+         "." + std::to_string(cuda % 1000 / 10) + " (CUDA_VERSION " + std::to_string(cuda) +
+         "), control region version " + std::to_string(ctl::kVersion);
+}
+
 }  // namespace
 
 std::string find_shim_dir(const std::string& exe_path) {
@@ -564,7 +574,7 @@ int run(int argc, char** argv) {
   setup_logging();
 
   CLI::App app{kDescription, "nvtaskset"};
-  app.set_version_flag("-V,--version", NVTASKSET_VERSION);
+  app.set_version_flag("-V,--version", version_text());
   Options o;
   std::vector<std::string> tpc_lists, gpc_lists, physicals, device_specs;
   auto one_each = [](CLI::Option* opt) {

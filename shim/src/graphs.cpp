@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA graphs under a partition: see graphs.hpp for the mechanism.
 #include "graphs.hpp"
 

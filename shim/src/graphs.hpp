@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA graphs under a partition (shim-internal).
 //
 // The driver builds a graph kernel node's TMD once, at cuGraphUpload or the

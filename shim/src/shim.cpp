@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The shim: a library named libcuda.so.1 that the loader finds before the real
 // NVIDIA driver (the CLI puts its directory first in LD_LIBRARY_PATH).
 //

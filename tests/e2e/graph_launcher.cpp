@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A CUDA program that replays graphs, for the end-to-end tests. Like cudart
 // (and so PyTorch), it opens libcuda.so.1 with dlopen and gets every driver
 // function through cuGetProcAddress. It knows nothing about nvtaskset.

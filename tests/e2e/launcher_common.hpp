@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The body shared by `launcher` (linked against libcuda.so.1) and
 // `launcher_dlopen` (which finds the driver the way cudart and PyTorch do).
 // Both are ordinary CUDA programs from the shim's point of view: they know

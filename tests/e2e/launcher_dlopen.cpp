@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A CUDA program that is NOT linked against libcuda: like cudart and PyTorch it
 // dlopen()s "libcuda.so.1", takes cuInit and cuGetProcAddress_v2 with dlsym,
 // and everything else through cuGetProcAddress.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // End-to-end tests: the real `nvtaskset` binary and the real shim, run against
 // the stand-in driver (tests/fakecuda), on a machine without a GPU.
 //
@@ -1204,6 +1205,15 @@ TEST_F(TopologyFile, ImpossiblePartitionsAreRefusedBeforeTheCommandRuns) {
 }
 
 // --- 14: --help ----------------------------------------------------------------------------
+
+TEST_F(E2E, VersionSaysWhatABugReportNeeds) {
+  const Result r = run({kCli, "--version"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_TRUE(std::regex_match(r.out, std::regex("nvtaskset [0-9]+\\.[0-9]+\\.[0-9]+\n"
+                                                 "built with CUDA headers [0-9]+\\.[0-9]+ \\(CUDA_VERSION [0-9]+\\), "
+                                                 "control region version [0-9]+\n")))
+      << r;
+}
 
 TEST_F(E2E, HelpNamesTheOptions) {
   const Result r = run({kCli, "--help"});

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // End-to-end tests of the input hardening: the real `nvtaskset` binary and
 // shim against the stand-in driver (tests/fakecuda), as in test_e2e.cpp,
 // whose harness this file trims to what these tests need.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A stand-in for NVIDIA's libcuda.so.1, for end-to-end tests without a GPU.
 //
 // It models exactly what nvtaskset depends on (docs/hardware.md,

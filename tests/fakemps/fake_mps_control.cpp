@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A stand-in for NVIDIA's `nvidia-cuda-mps-control` (docs/hardware.md, "%smid and MPS"),
 // for tests on machines without a GPU or the MPS tools.
 //

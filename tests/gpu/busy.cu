@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A compute-bound CUDA program for co-running checks: it keeps every SM it is
 // given busy for a fixed amount of work and prints its own wall time.
 //   busy [--work N] [--start-at MS]

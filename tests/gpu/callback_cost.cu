@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Diagnostic: what does touching the TMD inside the launch callback cost?
 // Subscribes one callback (docs/hardware.md hook) whose work is switched between
 // modes, and times 100k empty-kernel launches per mode, interleaved over

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Diagnostic: what does the hidden launch callback's params struct hold, and
 // may the callback call cuCtxGetCurrent/cuCtxGetDevice? Launches an empty
 // kernel in several contexts (two on device 0, one per other device) with a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A long-running cluster_probe: every few milliseconds it launches a kernel
 // with thread-block clusters of a given size, then an ordinary kernel, and
 // records the logical TPCs (%smid / 2) each ran on. Used on a real GPU for the

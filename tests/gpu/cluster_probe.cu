@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Launches a thread-block-cluster kernel of a given cluster size (one block
 // per SM) and reports the SMs/TPCs its blocks ran on. Under a GPC partition
 // (nvtaskset -g) a kernel with cluster size C can run only if the partition

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Diagnostic: which driver calls make a CUDA graph exec rebuild the TMDs of
 // its kernel nodes (so that the hidden TMD-upload callback, domain 0xb cbid 1,
 // fires again and a new TPC mask reaches replays), and where the cluster

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // An ordinary CUDA runtime program (it knows nothing of nvtaskset) that
 // replays a CUDA graph every few milliseconds and records, per replay, the
 // logical TPCs (%smid / 2) its kernels' blocks ran on. Used on a real GPU to

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // An ordinary CUDA runtime program (it knows nothing of nvtaskset) that
 // reports which SMs and logical TPCs its kernels ran on. Used on a real GPU to
 // check that nvtaskset's partition is what the hardware obeys

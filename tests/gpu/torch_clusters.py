@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Runs one real-library workload, so that the shim's exit-time log line
 "cluster sizes launched: ..." (NVTASKSET_LOG=debug) tells which thread-block
 cluster sizes that library launches.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bf16 matmul throughput over time, eagerly or through CUDA graphs.
 
     python3 torch_graphs.py VARIANT [--duration S] [--n N] [--interval-ms MS]

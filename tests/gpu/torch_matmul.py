@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bf16 matmul throughput under whatever partition this process runs in.
 
 Prints "tflops <value>". Run it plainly and under nvtaskset; the ratio of the

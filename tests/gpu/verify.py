@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Real-GPU verification of nvtaskset (docs/verification.md records the results).
 
 Run from the repository root on a machine with an NVIDIA GPU, with the build in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Finding the real driver (driver_locate.hpp) over real loader caches built
 // with ldconfig, real driver files (copies of the stand-in driver, soname
 // libcuda.so.1) and real shim copies (the built shim, which carries the note).

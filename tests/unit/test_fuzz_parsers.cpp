@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Seeded random tests of the parsers that read user input: TPC/GPC lists,
 // hex masks, PIDs and topology files. They check meaning, not only survival:
 // each list or mask is also decoded by a small reference written here, with

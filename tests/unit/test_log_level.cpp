@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NVTASKSET_LOG's one parser (log_level.hpp), used by the CLI and the shim.
 #include <gtest/gtest.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mps/: finding and starting the MPS control daemon, against the fake
 // `nvidia-cuda-mps-control` in tests/fakemps (no GPU needed).
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The nvdebug reader on fake /proc trees (tests/data/nvdebug/), its
 // cross-check with calibration, and nvdebug's GPU numbering.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // process_is_zombie_or_dead (proc.hpp): what `nvtaskset -p` uses to refuse a
 // task that was killed but not yet reaped.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // System-wide mode: the configuration file it writes must make the loader
 // cache prefer the shim over the driver, and disable must undo it. Checked
 // with the real ldconfig on a private configuration and cache.

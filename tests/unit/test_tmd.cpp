@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TMD (QMD) mask editing on synthetic images of every layout (tmd.hpp).
 // Offsets come from NVIDIA open-gpu-doc classes/compute/cl*qmd.h, as listed in
 // docs/hardware.md; the tests restate them independently of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Translation of logical TPC / GPC lists to physical mask bits, cluster
 // capability and rendering, on synthetic topologies (test_topology_fixtures.hpp).
 #include <gtest/gtest.h>

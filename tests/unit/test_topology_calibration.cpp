@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Calibration without a GPU.
 //
 // 1. topology_from_observations (the pure part) on synthetic observations,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Choosing a device by index, UUID or PCI bus ID (-d).
 #include <gtest/gtest.h>
 

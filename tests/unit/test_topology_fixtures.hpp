@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Synthetic GPUs for the topology tests.
 //
 // HwModel is "the hardware": which mask bit controls each logical TPC, which

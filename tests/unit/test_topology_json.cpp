@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The "nvtaskset-topology/1" JSON schema: round trips, the golden files in
 // tests/data/topology/, and strict rejection of every malformed field.
 #include <gtest/gtest.h>

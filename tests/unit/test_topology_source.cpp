@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // get_topology() without a GPU: topology files, the cache (directory choice,
 // hit and miss by UUID and driver version), pre-Hopper identity with and
 // without nvdebug, and Hopper without calibration.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Thread-block-cluster recorder used by calibration (topology/src/calibration.cpp).
 //
 // Launched with cuLaunchKernelEx and a 1-D cluster dimension C. All blocks of

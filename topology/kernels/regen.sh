@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Regenerates ../src/kernels_ptx.inc, the calibration kernels as PTX text
 # embedded in the library, so that building nvtaskset never needs nvcc: the
 # driver JIT-compiles the PTX (cuModuleLoadDataEx) for whatever GPU it runs on.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SM-ID recorder used by calibration (topology/src/calibration.cpp).
 //
 // Every block records the %smid it ran on into a bitmap, then stays busy for

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Calibration, the GPU half: the session that launches the calibration
 // kernels, one mask bit disabled at a time and then in clusters, and records
 // what ran where. The pure half (observations -> Topology) is inference.cpp.

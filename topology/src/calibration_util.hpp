@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What calibration's two halves share: the inference from observations
 // (inference.cpp) and the GPU session that makes them (calibration.cpp).
 // Internal to topology/.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The driver functions nvtaskset resolves at run time (private to topology/).
 // Each is looked up by its EXPORTED name: cuda.h #defines many API names to
 // versioned symbols (cuMemAlloc -> cuMemAlloc_v2, ...), and dlsym sees only

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Opening the real driver and asking it about devices.
 #include "nvtaskset/cuda_driver.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Calibration, the pure half: from what the calibration kernels observed
 // (which SMs vanished per disabled mask bit, which SMs shared clusters) to a
 // Topology. No GPU here; tests/unit/test_topology_calibration.cpp feeds it

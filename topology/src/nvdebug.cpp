@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reading nvdebug's topology registers (see nvdebug.hpp for the files).
 #include "nvtaskset/nvdebug.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Topology invariants, translation of logical lists to physical mask bits,
 // cluster capability and the text rendering.
 #include "nvtaskset/topology.hpp"

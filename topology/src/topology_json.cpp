@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The "nvtaskset-topology/1" JSON schema (docs/topology.md). Loading is
 // strict: a topology decides which TPCs a task may run on, and a wrong bit
 // can make kernels never run, so every field is checked and every error

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // get_topology(): topology file, cache, identity + nvdebug, calibration.
 #include "nvtaskset/topology_source.hpp"
 

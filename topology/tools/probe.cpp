@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // nvtaskset-topology-probe: calibrates every visible GPU (or one) with debug
 // logging, prints the topology, and optionally repeats the calibration to
 // check it is repeatable. A development tool for GPU runs; not installed.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // mps/: find or start the NVIDIA MPS control daemon so that partitioned tasks
 // co-run instead of time-slicing (docs/hardware.md, "%smid and MPS").
 #pragma once

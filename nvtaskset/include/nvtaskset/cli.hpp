@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The nvtaskset command line, as a library so tests and benchmarks can run it.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CLI's view of the GPUs: queried from the real driver once, on first
 // use, with topologies fetched (or calibrated) per device as lists need them.
 #pragma once

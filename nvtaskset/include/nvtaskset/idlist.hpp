@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The parsing library of the CLI: taskset's cpu-list and mask syntax, for
 // TPC and GPC IDs. Kept apart from main() (as util-linux keeps cpuset.c apart
 // from taskset.c) so it can be tested on its own.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // System-wide mode: every CUDA process on the machine loads the shim, with no
 // partition, so processes started without nvtaskset can later be moved with
 // `nvtaskset -p` (the paper's "tasks started without nvtaskset could later be

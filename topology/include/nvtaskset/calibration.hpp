@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Measuring a GPU's layout on the GPU itself (no kernel module).
 //
 // 1. Mask bit -> logical TPC, by the hang-free method of docs/hardware.md: with our

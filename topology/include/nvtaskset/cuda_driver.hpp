@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The real CUDA driver, opened at run time (never linked: the shim is also
 // named libcuda.so.1, see driver_locate.hpp), and the devices it reports.
 //

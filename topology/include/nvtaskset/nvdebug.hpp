@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The nvdebug kernel module's topology registers (docs/hardware.md, "GPCs and
 // thread-block clusters"). nvdebug exposes, under /proc/gpuN/, hex text files:
 //   num_gpcs            GPC slots of the chip

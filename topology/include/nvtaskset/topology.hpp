@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // topology/: what each GPU looks like, and the ONE place where logical TPC or
 // GPC lists become physical TMD mask bits.
 //

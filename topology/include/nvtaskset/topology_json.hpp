@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The topology JSON schema "nvtaskset-topology/1" (docs/topology.md): the
 // format of the cache, of --topology-file / $NVTASKSET_TOPOLOGY, and of
 // `nvtaskset --topology --json`.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where a device's topology comes from, in order:
 //   1. a topology file (TopologyOptions::file, else $NVTASKSET_TOPOLOGY); it
 //      must describe this device's UUID (a file may list several GPUs);

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The per-process control region: a small shared-memory object through which
 // `nvtaskset -p` changes a running task's partition and the shim's launch
 // callback reads it.

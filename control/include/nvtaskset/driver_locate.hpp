@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Finding the real NVIDIA driver library, never the shim.
 //
 // The shim is itself named libcuda.so.1, so dlopen("libcuda.so.1") would

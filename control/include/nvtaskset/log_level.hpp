@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NVTASKSET_LOG, parsed once for both the CLI and the shim, so that the same
 // value means the same thing on both sides of the exec (they used to differ:
 // the CLI turned logging off on "INFO" or a typo, the shim warned).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The driver's hidden launch callback: the hook through which a TPC mask
 // reaches each kernel's TMD. Facts from docs/hardware.md
 // (measured on H200, driver 580.159.04):

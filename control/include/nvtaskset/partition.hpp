@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A partition as the CLI hands it to a task and the control region carries it.
 #pragma once
 

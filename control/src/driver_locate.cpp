@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Finding the real NVIDIA driver library, never the shim (driver_locate.hpp).
 //
 // Everything here runs inside the shim's one-time init, possibly from another

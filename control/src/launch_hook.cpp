@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Subscribing to the driver's hidden launch callback (launch_hook.hpp).
 // Runs inside the shim's one-time init: no logging, errors as one line.
 #include "nvtaskset/launch_hook.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Vocabulary types shared by every layer of nvtaskset.
 //
 // Three different numberings meet in this project and must never be mixed up:

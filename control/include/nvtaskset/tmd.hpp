@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Editing the TPC-disable mask of a Task Metadata Descriptor (TMD, a.k.a. QMD).
 //
 // Layouts, from NVIDIA open-gpu-doc classes/compute/cl*qmd.h and
