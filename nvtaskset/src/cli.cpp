@@ -504,20 +504,49 @@ int do_pid(const Options& o) {
   return 0;
 }
 
-const char* kDescription =
-    "Run a command on a chosen set of GPU TPCs, or change the TPCs of a running process.\n"
-    "\n"
+// --help, as taskset's usage(): one usage block, what the arguments mean,
+// the options (CLI11 formats those), examples that teach, the environment.
+const char* kUsage =
+    "Usage:\n"
     "  nvtaskset [options] MASK COMMAND [ARG...]\n"
     "  nvtaskset [options] -t LIST COMMAND [ARG...]\n"
     "  nvtaskset [options] -g LIST COMMAND [ARG...]\n"
     "  nvtaskset -p [MASK | -t LIST | -g LIST | --physical MASK] PID\n"
     "  nvtaskset -p --json PID\n"
-    "  nvtaskset --topology [--json] | --calibrate | --system-wide enable|disable|status\n"
+    "  nvtaskset --topology [--json] | --calibrate [--json] | --system-wide enable|disable|status\n";
+
+const char* kDescription =
+    "Run a command on a chosen set of GPU TPCs, or change the TPCs of a running process.\n"
     "\n"
     "MASK is a hexadecimal enable mask over logical TPC IDs (0xff00 = TPCs 8-15).\n"
     "LIST uses taskset's syntax: 0-7,12,20-31:2. Logical TPC k is the pair of SMs\n"
     "whose %smid is 2k and 2k+1. The command runs as an MPS client (nvtaskset starts\n"
-    "the MPS control daemon if none runs) with CUDA_DEVICE_MAX_CONNECTIONS=8.";
+    "the MPS control daemon if none runs) with CUDA_DEVICE_MAX_CONNECTIONS=8.\n";
+
+const char* kExamples =
+    "Examples:\n"
+    "  nvtaskset -t 0-7 ./detector           run on TPCs 0-7\n"
+    "  nvtaskset 0xff00 ./planner            a hex mask over TPC IDs: TPCs 8-15\n"
+    "  nvtaskset -g 1-2 python3 train.py     every TPC of GPCs 1 and 2\n"
+    "  nvtaskset -d 1 -t 0-15 ./task         on GPU 1 (index, UUID or PCI bus id)\n"
+    "  nvtaskset -p 4242                     show pid 4242's TPCs\n"
+    "  nvtaskset -p -t 0-3 4242              move pid 4242 to TPCs 0-3, live\n"
+    "  nvtaskset -p --json 4242              the same query as JSON, with graph and cluster counts\n"
+    "  nvtaskset --topology                  GPCs, TPCs and mask bits of each GPU\n"
+    "\n"
+    "Environment: NVTASKSET_LOG (trace..off, default warn), NVTASKSET_REAL_LIBCUDA (the real driver),\n"
+    "NVTASKSET_ON_UNSUPPORTED=warn (run unmasked on an unknown TMD layout instead of aborting),\n"
+    "NVTASKSET_ON_CLUSTER_MISFIT=abort|widen (a kernel whose clusters the partition cannot host:\n"
+    "stop the program, default, or run that kernel on the partition's whole GPCs),\n"
+    "NVTASKSET_TOPOLOGY, CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY. See nvtaskset(1).";
+
+// Usage block first, then the description, the options and the examples.
+class HelpFormatter : public CLI::Formatter {
+ public:
+  std::string make_help(const CLI::App* app, std::string, CLI::AppFormatMode mode) const override {
+    return std::string(kUsage) + "\n" + kDescription + "\n" + make_groups(app, mode) + "\n" + kExamples + "\n";
+  }
+};
 
 // What a bug report needs: the version, the CUDA headers it was built with,
 // and the control-region protocol it speaks.
@@ -602,12 +631,7 @@ int run(int argc, char** argv) {
                  "disable: undo; status: show")
       ->type_name("enable|disable|status")
       ->check(CLI::IsMember({"enable", "disable", "status"}));
-  app.footer(
-      "Environment: NVTASKSET_LOG (trace..off, default warn), NVTASKSET_REAL_LIBCUDA (the real driver),\n"
-      "NVTASKSET_ON_UNSUPPORTED=warn (run unmasked on an unknown TMD layout instead of aborting),\n"
-      "NVTASKSET_ON_CLUSTER_MISFIT=abort|widen (a kernel whose clusters the partition cannot host:\n"
-      "stop the program, default, or run that kernel on the partition's whole GPCs),\n"
-      "CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY. See nvtaskset(1).");
+  app.formatter(std::make_shared<HelpFormatter>());
   app.prefix_command();
 
   try {

@@ -1206,6 +1206,52 @@ TEST_F(TopologyFile, ImpossiblePartitionsAreRefusedBeforeTheCommandRuns) {
 
 // --- 14: --help ----------------------------------------------------------------------------
 
+// Every long option and NVTASKSET_ variable in --help is documented in the
+// man page, and every option the man page documents is in --help: the two
+// stay in step with the parser.
+TEST_F(E2E, HelpAndManPageAgree) {
+  const Result r = run({kCli, "--help"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  // One usage block, then examples (as taskset's usage()).
+  EXPECT_EQ(r.out.find("Usage:"), 0u) << r.out;
+  EXPECT_EQ(r.out.find("Usage:", 1), std::string::npos) << "two usage blocks:\n" << r.out;
+  EXPECT_NE(r.out.find("\nExamples:\n"), std::string::npos) << r.out;
+  auto collect = [](const std::string& text, const std::regex& re) {
+    std::set<std::string> out;
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), re); it != std::sregex_iterator(); ++it)
+      out.insert((*it)[1].str());
+    return out;
+  };
+  const std::string help_options = r.out.substr(r.out.find("Options:"), r.out.find("Examples:") - r.out.find("Options:"));
+  const auto help_long = collect(help_options, std::regex("(?:^|[ ,])--([a-z][a-z-]+)"));
+  const std::string man = read_file(NVTASKSET_E2E_MAN);
+  const auto sec = [&](const std::string& name) {
+    const auto a = man.find(".SH " + name + "\n");
+    const auto b = man.find("\n.SH ", a + 1);
+    return a == std::string::npos ? std::string() : man.substr(a, b - a);
+  };
+  // Option entries of the OPTIONS section: lines that follow ".TP".
+  std::set<std::string> man_long;
+  {
+    std::istringstream in(sec("OPTIONS"));
+    std::string line, prev;
+    while (std::getline(in, line)) {
+      if (prev == ".TP")
+        for (const auto& o : collect(line, std::regex("\\\\-\\\\-([a-z][a-z\\\\-]+)"))) {
+          std::string name = o;
+          name.erase(std::remove(name.begin(), name.end(), '\\'), name.end());
+          man_long.insert(name);
+        }
+      prev = line;
+    }
+  }
+  ASSERT_FALSE(man_long.empty());
+  EXPECT_EQ(help_long, man_long) << "--help and nvtaskset(1) document different options";
+  const auto help_env = collect(r.out, std::regex("(NVTASKSET_[A-Z_]+)"));
+  const std::string man_env = sec("ENVIRONMENT");
+  for (const auto& v : help_env) EXPECT_NE(man_env.find(v), std::string::npos) << v << " is not in nvtaskset(1)";
+}
+
 TEST_F(E2E, VersionSaysWhatABugReportNeeds) {
   const Result r = run({kCli, "--version"});
   ASSERT_TRUE(ExitedWith(r, 0)) << r;
