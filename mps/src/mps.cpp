@@ -5,6 +5,7 @@
 // program directly, give it only stdin=/dev/null and a captured stdout/stderr,
 // and bound every wait so that a daemon that never answers cannot hang the CLI.
 #include "nvtaskset/mps.hpp"
+#include "nvtaskset/options.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -185,7 +186,7 @@ Binary resolve_binary(const Options& opts) {
   std::string name = opts.control_binary;
   std::string origin;
   if (name.empty()) {
-    if (auto e = env_nonempty("NVTASKSET_MPS_CONTROL")) {
+    if (auto e = env_nonempty(option(Option::kMpsControl).name)) {
       name = *e;
       origin = " (from $NVTASKSET_MPS_CONTROL)";
     } else {

@@ -532,19 +532,26 @@ const char* kExamples =
     "  nvtaskset -p 4242                     show pid 4242's TPCs\n"
     "  nvtaskset -p -t 0-3 4242              move pid 4242 to TPCs 0-3, live\n"
     "  nvtaskset -p --json 4242              the same query as JSON, with graph and cluster counts\n"
-    "  nvtaskset --topology                  GPCs, TPCs and mask bits of each GPU\n"
-    "\n"
-    "Environment: NVTASKSET_LOG (trace..off, default warn), NVTASKSET_REAL_LIBCUDA (the real driver),\n"
-    "NVTASKSET_ON_UNSUPPORTED=warn (run unmasked on an unknown TMD layout instead of aborting),\n"
-    "NVTASKSET_ON_CLUSTER_MISFIT=abort|widen (a kernel whose clusters the partition cannot host:\n"
-    "stop the program, default, or run that kernel on the partition's whole GPCs),\n"
-    "NVTASKSET_TOPOLOGY, CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY. See nvtaskset(1).";
+    "  nvtaskset --topology                  GPCs, TPCs and mask bits of each GPU\n";
+
+// The environment block of --help, from the one table of options.
+std::string environment_help() {
+  std::string out = "Environment (see nvtaskset(1)):\n";
+  for (const OptionDesc& d : kOptions) {
+    if (!d.for_users || d.kind == OptionKind::kInternal) continue;
+    out += std::string("  ") + d.name;
+    if (d.kind == OptionKind::kChoice) out += std::string("=") + d.choices;
+    out += std::string("\n      ") + d.help + "\n";
+  }
+  return out + "  CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY\n      where the MPS daemon is looked for and started\n";
+}
 
 // Usage block first, then the description, the options and the examples.
 class HelpFormatter : public CLI::Formatter {
  public:
   std::string make_help(const CLI::App* app, std::string, CLI::AppFormatMode mode) const override {
-    return std::string(kUsage) + "\n" + kDescription + "\n" + make_groups(app, mode) + "\n" + kExamples + "\n";
+    return std::string(kUsage) + "\n" + kDescription + "\n" + make_groups(app, mode) + "\n" + kExamples + "\n" +
+           environment_help();
   }
 };
 
@@ -560,7 +567,7 @@ std::string version_text() {
 }  // namespace
 
 std::string find_shim_dir(const std::string& exe_path) {
-  if (const char* d = std::getenv("NVTASKSET_SHIM_DIR"); d && *d) {
+  if (const char* d = option_value(Option::kShimDir)) {
     return fs::exists(fs::path(d) / "libcuda.so.1") ? std::string(d) : std::string();
   }
   if (exe_path.empty()) return "";
@@ -625,7 +632,7 @@ int run(int argc, char** argv) {
   app.add_flag("--calibrate", o.calibrate, "(re)discover the layout of every visible GPU");
   app.add_option("--topology-file", o.topology_file, "use this topology JSON instead of calibrating")
       ->type_name("FILE")
-      ->envname("NVTASKSET_TOPOLOGY");
+      ->envname(option(Option::kTopology).name);
   app.add_option("--system-wide", o.system_wide,
                  "enable: make every CUDA process load the shim with no partition, so -p can move it; "
                  "disable: undo; status: show")

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "nvtaskset/system_wide.hpp"
 
+#include "nvtaskset/options.hpp"
+
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,7 +25,7 @@ namespace {
 const char* kMarker = "# nvtaskset --system-wide: the shim's directory, before the real driver's.";
 
 std::string ldconfig_program() {
-  const char* p = std::getenv("NVTASKSET_LDCONFIG");
+  const char* p = option_value(Option::kLdconfig);
   return p && *p ? p : "ldconfig";
 }
 
@@ -51,7 +53,7 @@ std::string configured_dir() {
 }  // namespace
 
 std::string system_wide_conf_path() {
-  const char* root = std::getenv("NVTASKSET_SYSCONFDIR");
+  const char* root = option_value(Option::kSysconfdir);
   return std::string(root && *root ? root : "/etc") + "/ld.so.conf.d/000-nvtaskset.conf";
 }
 

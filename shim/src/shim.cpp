@@ -49,6 +49,7 @@
 #include "nvtaskset/driver_locate.hpp"
 #include "nvtaskset/launch_hook.hpp"
 #include "nvtaskset/log_level.hpp"
+#include "nvtaskset/options.hpp"
 #include "nvtaskset/partition.hpp"
 #include "nvtaskset/tmd.hpp"
 #include "graphs.hpp"
@@ -71,9 +72,7 @@ namespace {
 constexpr int kCudaErrorSharedObjectInitFailed = 303;  // CUDA_ERROR_SHARED_OBJECT_INIT_FAILED
 constexpr int kCudaErrorNotFound = 500;                // CUDA_ERROR_NOT_FOUND
 
-constexpr const char* kLogEnv = "NVTASKSET_LOG";
-constexpr const char* kOnUnsupportedEnv = "NVTASKSET_ON_UNSUPPORTED";
-constexpr const char* kOnClusterMisfitEnv = "NVTASKSET_ON_CLUSTER_MISFIT";
+constexpr const char* kLogEnv = option(Option::kLog).name;
 
 // Slot contents when there is no real function. Called with the caller's
 // arguments, which they ignore (the caller cleans up in both ABIs).
@@ -678,19 +677,16 @@ void run_init() {
   g_in_init.store(true, std::memory_order_release);
   init_logging();
 
-  const char* on_unsupported = std::getenv(kOnUnsupportedEnv);
-  if (on_unsupported != nullptr && std::string_view(on_unsupported) == "warn") {
-    g_warn_unsupported.store(true, std::memory_order_relaxed);
-  } else if (on_unsupported != nullptr && *on_unsupported != '\0' && std::string_view(on_unsupported) != "abort") {
-    log(spdlog::level::warn, "{}={}: unknown value (abort or warn); using abort", kOnUnsupportedEnv,
-        on_unsupported);
+  // The policies (options.hpp): an unknown value keeps the safe default.
+  for (const Option o : {Option::kOnUnsupported, Option::kOnClusterMisfit}) {
+    const ChoiceValue c = choice(o);
+    if (c.unknown)
+      log(spdlog::level::warn, "{}={}: unknown value ({}); using {}", option(o).name, c.value, option(o).choices,
+          std::string_view(option(o).choices).substr(0, std::string_view(option(o).choices).find('|')));
+    if (o == Option::kOnUnsupported) g_warn_unsupported.store(c.index == 1, std::memory_order_relaxed);
+    else g_widen_clusters.store(c.index == 1, std::memory_order_relaxed);
   }
   const bool warn_only = g_warn_unsupported.load(std::memory_order_relaxed);
-  if (const char* v = std::getenv(kOnClusterMisfitEnv); v != nullptr && *v != '\0') {
-    if (std::string_view(v) == "widen") g_widen_clusters.store(true, std::memory_order_relaxed);
-    else if (std::string_view(v) != "abort")
-      log(spdlog::level::warn, "{}={}: unknown value (abort or widen); using abort", kOnClusterMisfitEnv, v);
-  }
 
   const std::vector<DevicePartition> initial = initial_partitions();
 
@@ -770,7 +766,7 @@ void run_init() {
       header->callback_registered.store(0, std::memory_order_release);
       if (active && !warn_only) {
         log(spdlog::level::err, "cannot hook kernel launches ({}); refusing to run unpartitioned "
-            "({}=warn runs anyway)", hook_why, kOnUnsupportedEnv);
+            "({}=warn runs anyway)", hook_why, option(Option::kOnUnsupported).name);
         std::abort();
       }
       log(spdlog::level::warn, "cannot hook kernel launches ({}): kernels run on all TPCs{}", hook_why,

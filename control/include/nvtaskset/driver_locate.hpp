@@ -23,12 +23,14 @@
 // fails, except for $NVTASKSET_REAL_LIBCUDA.
 #pragma once
 
+#include "nvtaskset/options.hpp"
+
 #include <string>
 #include <vector>
 
 namespace nvtaskset {
 
-inline constexpr const char* kRealDriverEnv = "NVTASKSET_REAL_LIBCUDA";
+inline constexpr const char* kRealDriverEnv = option(Option::kRealLibcuda).name;
 // The ELF note owner name the shim carries (section .note.nvtaskset).
 inline constexpr const char* kShimNoteName = "nvtaskset";
 

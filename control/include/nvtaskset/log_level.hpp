@@ -8,6 +8,8 @@
 // off = 6), so the mapping is a static_cast; the users static_assert that.
 #pragma once
 
+#include "nvtaskset/options.hpp"
+
 #include <cstddef>
 #include <optional>
 #include <string_view>
@@ -16,7 +18,7 @@ namespace nvtaskset {
 
 enum class LogLevel { kTrace = 0, kDebug = 1, kInfo = 2, kWarn = 3, kError = 4, kCritical = 5, kOff = 6 };
 
-inline constexpr const char* kLogLevelEnv = "NVTASKSET_LOG";
+inline constexpr const char* kLogLevelEnv = option(Option::kLog).name;
 inline constexpr LogLevel kDefaultLogLevel = LogLevel::kWarn;
 // For messages about an unknown value.
 inline constexpr const char* kLogLevelNames = "trace, debug, info, warn, error, off";

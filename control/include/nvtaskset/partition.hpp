@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "nvtaskset/bits.hpp"
+#include "nvtaskset/options.hpp"
 
 namespace nvtaskset {
 
@@ -80,11 +81,11 @@ struct DevicePartition {
 
 // The environment variable through which the CLI passes partitions to the
 // task it starts (and a partitioned task to the children it execs).
-inline constexpr const char* kPartitionEnv = "NVTASKSET_PARTITION";
+inline constexpr const char* kPartitionEnv = option(Option::kPartition).name;
 // The PID of the process the CLI exec'd with kPartitionEnv. The shim in that
 // process takes kPartitionEnv even when its parent is itself partitioned
 // (otherwise a child inherits its parent's live partition).
-inline constexpr const char* kPartitionPidEnv = "NVTASKSET_PARTITION_PID";
+inline constexpr const char* kPartitionPidEnv = option(Option::kPartitionPid).name;
 
 // Text form: entries separated by ';', each
 //   <device>,<kind>,<enabled hex>,<tpcs hex>,<gpcs hex>,<sms>,<cc major>,<cc minor>,<driver version>,

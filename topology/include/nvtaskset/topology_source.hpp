@@ -11,6 +11,8 @@
 // Calibration failure is an error: the layout is never guessed.
 #pragma once
 
+#include "nvtaskset/options.hpp"
+
 #include <optional>
 #include <string>
 #include <vector>
@@ -22,8 +24,8 @@ namespace nvtaskset::topo {
 
 class CudaDriver;
 
-inline constexpr const char* kTopologyFileEnv = "NVTASKSET_TOPOLOGY";
-inline constexpr const char* kNvdebugRootEnv = "NVTASKSET_NVDEBUG_ROOT";
+inline constexpr const char* kTopologyFileEnv = option(Option::kTopology).name;
+inline constexpr const char* kNvdebugRootEnv = option(Option::kNvdebugRoot).name;
 inline constexpr const char* kSystemCacheDir = "/var/cache/nvtaskset";
 
 struct TopologyOptions {

@@ -1,0 +1,118 @@
+// SPDX-License-Identifier: Apache-2.0
+// Every environment variable nvtaskset reads, in one table (as mimalloc's
+// options.c): name, kind, accepted values, default, and what it does. The
+// CLI's --help is generated from it, and a test checks the man page's
+// ENVIRONMENT section against it. Header-only and allocation-free: the shim
+// reads its options in its one-time init.
+#pragma once
+
+#include <cstdlib>
+#include <string_view>
+
+namespace nvtaskset {
+
+enum class Option : unsigned {
+  kLog,              // NVTASKSET_LOG
+  kOnUnsupported,    // NVTASKSET_ON_UNSUPPORTED
+  kOnClusterMisfit,  // NVTASKSET_ON_CLUSTER_MISFIT
+  kRealLibcuda,      // NVTASKSET_REAL_LIBCUDA
+  kTopology,         // NVTASKSET_TOPOLOGY
+  kPartition,        // NVTASKSET_PARTITION (CLI -> task)
+  kPartitionPid,     // NVTASKSET_PARTITION_PID (CLI -> task)
+  kShimDir,          // NVTASKSET_SHIM_DIR
+  kMpsControl,       // NVTASKSET_MPS_CONTROL
+  kLdconfig,         // NVTASKSET_LDCONFIG (tests)
+  kSysconfdir,       // NVTASKSET_SYSCONFDIR (tests)
+  kNvdebugRoot,      // NVTASKSET_NVDEBUG_ROOT (tests)
+};
+
+enum class OptionKind { kChoice, kPath, kInternal };
+
+struct OptionDesc {
+  Option id;
+  const char* name;
+  OptionKind kind;
+  const char* choices;  // kChoice: '|'-separated, the default first; else ""
+  bool for_users;       // documented in --help and nvtaskset(1)
+  const char* help;
+};
+
+inline constexpr OptionDesc kOptions[] = {
+    {Option::kLog, "NVTASKSET_LOG", OptionKind::kChoice, "warn|trace|debug|info|error|off", true,
+     "log level, any case (at debug the shim logs the cluster sizes a task launched)"},
+    {Option::kOnUnsupported, "NVTASKSET_ON_UNSUPPORTED", OptionKind::kChoice, "abort|warn", true,
+     "a partitioned task on a GPU whose TMD layout nvtaskset does not know: stop it, or run it unmasked"},
+    {Option::kOnClusterMisfit, "NVTASKSET_ON_CLUSTER_MISFIT", OptionKind::kChoice, "abort|widen", true,
+     "a kernel whose clusters the partition cannot host: stop the task, or run that kernel on the "
+     "partition's whole GPCs"},
+    {Option::kRealLibcuda, "NVTASKSET_REAL_LIBCUDA", OptionKind::kPath, "", true,
+     "the real driver library, when the search is not enough"},
+    {Option::kTopology, "NVTASKSET_TOPOLOGY", OptionKind::kPath, "", true, "same as --topology-file"},
+    {Option::kPartition, "NVTASKSET_PARTITION", OptionKind::kInternal, "", true,
+     "set by nvtaskset for the task; not for users"},
+    {Option::kPartitionPid, "NVTASKSET_PARTITION_PID", OptionKind::kInternal, "", false,
+     "the PID nvtaskset exec'd with NVTASKSET_PARTITION"},
+    {Option::kShimDir, "NVTASKSET_SHIM_DIR", OptionKind::kPath, "", true,
+     "where the shim libcuda.so.1 is, when not next to nvtaskset"},
+    {Option::kMpsControl, "NVTASKSET_MPS_CONTROL", OptionKind::kPath, "", true,
+     "the nvidia-cuda-mps-control program to use"},
+    {Option::kLdconfig, "NVTASKSET_LDCONFIG", OptionKind::kPath, "", false, "ldconfig for --system-wide (tests)"},
+    {Option::kSysconfdir, "NVTASKSET_SYSCONFDIR", OptionKind::kPath, "", false, "/etc for --system-wide (tests)"},
+    {Option::kNvdebugRoot, "NVTASKSET_NVDEBUG_ROOT", OptionKind::kPath, "", false, "/proc for nvdebug (tests)"},
+};
+
+constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }
+static_assert([] {
+  unsigned i = 0;
+  for (const auto& d : kOptions)
+    if (static_cast<unsigned>(d.id) != i++) return false;
+  return true;
+}(), "kOptions must be in Option order");
+
+// The value, or nullptr when unset or empty.
+inline const char* option_value(Option o) noexcept {
+  const char* v = std::getenv(option(o).name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+// A choice option: the index of its value among `choices` (case-insensitive),
+// 0 (the default) when unset; `unknown` is set for a value that is none of
+// them, which also counts as the default.
+struct ChoiceValue {
+  unsigned index = 0;
+  bool unknown = false;
+  const char* value = nullptr;
+};
+
+constexpr bool equal_nocase(std::string_view a, std::string_view b) noexcept {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    char x = a[i], y = b[i];
+    if (x >= 'A' && x <= 'Z') x = static_cast<char>(x - 'A' + 'a');
+    if (y >= 'A' && y <= 'Z') y = static_cast<char>(y - 'A' + 'a');
+    if (x != y) return false;
+  }
+  return true;
+}
+
+constexpr ChoiceValue parse_choice(const OptionDesc& d, const char* value) noexcept {
+  ChoiceValue c;
+  c.value = value;
+  if (value == nullptr || *value == '\0') return c;
+  std::string_view rest = d.choices;
+  for (unsigned i = 0;; ++i) {
+    const std::size_t bar = rest.find('|');
+    if (equal_nocase(rest.substr(0, bar), value)) {
+      c.index = i;
+      return c;
+    }
+    if (bar == std::string_view::npos) break;
+    rest.remove_prefix(bar + 1);
+  }
+  c.unknown = true;
+  return c;
+}
+
+inline ChoiceValue choice(Option o) noexcept { return parse_choice(option(o), option_value(o)); }
+
+}  // namespace nvtaskset
