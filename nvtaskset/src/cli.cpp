@@ -255,6 +255,7 @@ struct Options {
   bool no_mps = false;
   bool show_topology = false;
   bool json = false;
+  std::string show;  // -p query: list, mask, gpcs or physical ("" = the form it was set in)
   bool calibrate = false;
   std::string topology_file;
   std::string system_wide;
@@ -412,6 +413,7 @@ int do_pid(const Options& o) {
   if (requests.empty()) requests.push_back({"", SpecKind::kNone, ""});
   const bool query = requests.size() == 1 && requests[0].kind == SpecKind::kNone;
   if (o.json && !query) throw Failure("--json with -p only queries: give no new list");
+  if (!o.show.empty() && !query) throw Failure("--show with -p only queries: give no new list");
 
   // Every request is checked before any is written: a change is all or nothing.
   struct Step {
@@ -443,6 +445,11 @@ int do_pid(const Options& o) {
     }
     // A query answers in the terms the partition was set in; a change in
     // the terms of the new value.
+    if (st.form == SpecKind::kNone && !o.show.empty())
+      st.form = o.show == "mask"       ? SpecKind::kTpcMask
+                : o.show == "gpcs"     ? SpecKind::kGpcList
+                : o.show == "physical" ? SpecKind::kPhysical
+                                       : SpecKind::kTpcList;
     if (st.form == SpecKind::kNone)
       st.form = st.cur.kind == SpecKind::kPhysical || st.cur.kind == SpecKind::kGpcList ? st.cur.kind
                                                                                          : SpecKind::kTpcList;
@@ -512,7 +519,7 @@ const char* kUsage =
     "  nvtaskset [options] -t LIST COMMAND [ARG...]\n"
     "  nvtaskset [options] -g LIST COMMAND [ARG...]\n"
     "  nvtaskset -p [MASK | -t LIST | -g LIST | --physical MASK] PID\n"
-    "  nvtaskset -p --json PID\n"
+    "  nvtaskset -p [--show list|mask|gpcs|physical | --json] PID\n"
     "  nvtaskset --topology [--json] | --calibrate [--json] | --system-wide enable|disable|status\n";
 
 const char* kDescription =
@@ -531,6 +538,7 @@ const char* kExamples =
     "  nvtaskset -d 1 -t 0-15 ./task         on GPU 1 (index, UUID or PCI bus id)\n"
     "  nvtaskset -p 4242                     show pid 4242's TPCs\n"
     "  nvtaskset -p -t 0-3 4242              move pid 4242 to TPCs 0-3, live\n"
+    "  nvtaskset -p --show mask 4242         the same, as a hex mask over TPC IDs\n"
     "  nvtaskset -p --json 4242              the same query as JSON, with graph and cluster counts\n"
     "  nvtaskset --topology                  GPCs, TPCs and mask bits of each GPU\n";
 
@@ -630,6 +638,11 @@ int run(int argc, char** argv) {
   app.add_flag("--topology", o.show_topology, "print each GPU's GPCs, TPCs, SMs and mask bits");
   app.add_flag("--json", o.json, "with --topology, --calibrate or a -p query: print JSON");
   app.add_flag("--calibrate", o.calibrate, "(re)discover the layout of every visible GPU");
+  app.add_option("--show", o.show,
+                 "with a -p query: print the TPCs as a list, a hex mask, GPCs (when set as GPCs) or physical "
+                 "mask bits, whatever form the partition was set in")
+      ->type_name("list|mask|gpcs|physical")
+      ->check(CLI::IsMember({"list", "mask", "gpcs", "physical"}));
   app.add_option("--topology-file", o.topology_file, "use this topology JSON instead of calibrating")
       ->type_name("FILE")
       ->envname(option(Option::kTopology).name);
@@ -683,6 +696,7 @@ int run(int argc, char** argv) {
       throw Failure("unrecognized option '" + o.positionals.front() + "' (see --help)");
     }
 
+    if (!o.show.empty() && !o.pid_mode) throw Failure("--show goes with -p");
     o.shim_dir = find_shim_dir(self_exe());
     if (!o.system_wide.empty()) return system_wide(o.system_wide, o.shim_dir);
     if (o.show_topology || o.calibrate) {

@@ -579,6 +579,31 @@ TEST_F(E2E, LiveChangeReachesTheNextLaunch) {
   EXPECT_TRUE(ExitedWith(p.wait(), 0));
 }
 
+TEST_F(E2E, QueryShowsTheFormTheUserAsksFor) {
+  const std::string until = path("until"), ready = path("ready");
+  Proc& p = start({kCli, "--no-mps", "0x30", kLauncher, "--until-file", until, "--interval-ms", "5", "--ready-file",
+                   ready});
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0) << p.wait();
+  const std::string spid = std::to_string(pid);
+  // By default a query answers with a TPC list; --show picks the form.
+  EXPECT_EQ(run({kCli, "-p", spid}).out, pid_line(pid, "current TPC list", "4-5"));
+  EXPECT_EQ(run({kCli, "-p", "--show", "list", spid}).out, pid_line(pid, "current TPC list", "4-5"));
+  EXPECT_EQ(run({kCli, "-p", "--show", "mask", spid}).out, pid_line(pid, "current TPC mask", "0x30"));
+  EXPECT_EQ(run({kCli, "-p", "--show", "physical", spid}).out, pid_line(pid, "current physical mask", "0x30"));
+  // Not a GPC partition: shown as TPCs.
+  EXPECT_EQ(run({kCli, "-p", "--show", "gpcs", spid}).out, pid_line(pid, "current TPC list", "4-5"));
+  Result q = run({kCli, "-p", "--show", "bogus", spid});
+  EXPECT_TRUE(FailedWithOneLine(q)) << q;
+  q = run({kCli, "-p", "--show", "list", "-t", "1", spid});
+  EXPECT_TRUE(FailedWithOneLine(q)) << q;
+  EXPECT_EQ(run({kCli, "-p", spid}).out, pid_line(pid, "current TPC list", "4-5")) << "a refused --show changed it";
+  q = run({kCli, "--show", "list", "--topology"});
+  EXPECT_TRUE(FailedWithOneLine(q)) << q;
+  touch(until);
+  EXPECT_TRUE(ExitedWith(p.wait(), 0));
+}
+
 TEST_F(E2E, LiveChangesWhileManyThreadsLaunch) {
   // Four threads launch back to back while the partition flips: every launch
   // sees one of the partitions, whole (never a mix of two), and once a change
