@@ -1858,4 +1858,156 @@ TEST_F(E2E, KilledWritersNeverHangTheTaskOrTheCli) {
   EXPECT_TRUE(ExitedWith(p.wait(), 0));
 }
 
+// --- 18: input hardening: zombies, syntax before the driver, overlong lists, log levels ------
+
+// The state letter of /proc/<pid>/stat (after the last ')'), or '?'.
+char proc_state(pid_t pid) {
+  const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+  const auto close = stat.rfind(')');
+  return close == std::string::npos || close + 2 >= stat.size() ? '?' : stat[close + 2];
+}
+
+// --- a killed, unreaped task is dead --------------------------------------------------
+
+TEST_F(E2E, ZombieTaskIsRefused) {
+  const std::string until = path("until"), ready = path("ready");
+  Proc& task = start({kCli, "--no-mps", "-t", "0-3", kLauncher, "--until-file", until, "--interval-ms", "5",
+                      "--ready-file", ready},
+                     env_);
+  ASSERT_TRUE(wait_until([&] { return exists(ready); })) << task.wait();
+  const pid_t pid = task.pid;  // nvtaskset execs the launcher: same process
+  ASSERT_EQ(std::stol(read_file(ready)), pid);
+  const std::string spid = std::to_string(pid);
+
+  // Control: while it runs, -p answers.
+  Result q = run({kCli, "-p", spid});
+  ASSERT_TRUE(ExitedWith(q, 0));
+  EXPECT_EQ(q.out, "pid " + spid + "'s current TPC list: 0-3\n") << q;
+
+  // Killed; we are its parent and do not reap it, so it stays a zombie whose
+  // control region the shim never got to remove.
+  ASSERT_EQ(::kill(pid, SIGKILL), 0);
+  ASSERT_TRUE(wait_until([&] { return proc_state(pid) == 'Z'; })) << "state " << proc_state(pid);
+
+  q = run({kCli, "-p", spid});
+  EXPECT_TRUE(FailedWithOneLine(q));
+  EXPECT_EQ(q.err, "nvtaskset: pid " + spid + ": no such process\n") << q;
+  EXPECT_EQ(q.out, "") << q;
+  q = run({kCli, "-p", "-t", "5", spid});
+  EXPECT_TRUE(FailedWithOneLine(q));
+  EXPECT_EQ(q.out, "") << "reported a change to a dead task" << q;
+  EXPECT_EQ(proc_state(pid), 'Z');
+
+  const Result r = task.wait();
+  EXPECT_FALSE(r.exited);
+  EXPECT_EQ(r.signal, SIGKILL);
+}
+
+// --- syntax errors come before any driver access ------------------------------------
+
+struct BadSyntax {
+  std::string name;
+  std::vector<std::string> args;  // between --no-mps and the command
+  std::string error;              // the whole stderr line, after "nvtaskset: "
+};
+
+void PrintTo(const BadSyntax& c, std::ostream* os) { *os << c.name; }
+
+class SyntaxBeforeDriver : public E2E, public ::testing::WithParamInterface<BadSyntax> {};
+
+TEST_P(SyntaxBeforeDriver, IsReportedAsSuch) {
+  // No driver anywhere: the stand-in is replaced by a file that does not exist.
+  env_["NVTASKSET_REAL_LIBCUDA"] = path("no-such-libcuda.so.1");
+  const std::string marker = path("marker");
+  // Control: a good list gets as far as the (missing) driver.
+  Result r = run({kCli, "--no-mps", "-t", "0-3", "touch", marker});
+  ASSERT_TRUE(FailedWithOneLine(r));
+  ASSERT_NE(r.err.find("no CUDA driver found"), std::string::npos) << r;
+
+  std::vector<std::string> argv{kCli, "--no-mps"};
+  argv.insert(argv.end(), GetParam().args.begin(), GetParam().args.end());
+  argv.insert(argv.end(), {"touch", marker});
+  r = run(argv);
+  EXPECT_TRUE(FailedWithOneLine(r));
+  EXPECT_EQ(r.err, "nvtaskset: " + GetParam().error + "\n") << r;
+  EXPECT_FALSE(exists(marker)) << "the command ran";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Hardening, SyntaxBeforeDriver,
+    ::testing::Values(
+        BadSyntax{"ZeroStride", {"-t", "0-3:0"}, "invalid TPC list '0-3:0': stride must be at least 1"},
+        BadSyntax{"StrideOf2To64Minus1",
+                  {"-t", "50-53:18446744073709551615"},
+                  "invalid TPC list '50-53:18446744073709551615': stride 18446744073709551615 is larger than 4095"},
+        BadSyntax{"GpcList", {"-g", "1-"}, "invalid GPC list '1-': range without an end"},
+        BadSyntax{"PositionalMask", {"0xzz"}, "invalid TPC mask '0xzz': 'z' is not a hex digit"},
+        BadSyntax{"Physical", {"--physical", "0x"}, "invalid physical mask '0x': no digits"},
+        BadSyntax{"SecondDevice", {"-d", "0", "-t", "0-3", "-d", "1", "-t", "x"},
+                  "invalid TPC list 'x': 'x' is not a number or range"},
+        BadSyntax{"MaskAfterDevice", {"-d", "1", "0x1g"}, "invalid TPC mask '0x1g': 'g' is not a hex digit"},
+        BadSyntax{"ControlCharacters", {"-t", "1\n2"}, "invalid TPC list '1\\x0a2': unexpected '\\x0a2'"}),
+    [](const auto& info) { return info.param.name; });
+
+TEST_F(E2E, PidModeChecksSyntaxFirstToo) {
+  env_["NVTASKSET_REAL_LIBCUDA"] = path("no-such-libcuda.so.1");
+  // PID 1 exists and is not under nvtaskset: the list is still the error.
+  Result r = run({kCli, "-p", "-t", "0-3:0", "1"});
+  EXPECT_TRUE(FailedWithOneLine(r));
+  EXPECT_EQ(r.err, "nvtaskset: invalid TPC list '0-3:0': stride must be at least 1\n") << r;
+  r = run({kCli, "-p", "0xzz", "1"});
+  EXPECT_TRUE(FailedWithOneLine(r));
+  EXPECT_EQ(r.err, "nvtaskset: invalid TPC mask '0xzz': 'z' is not a hex digit\n") << r;
+  // Control: with good syntax, the PID is the error.
+  r = run({kCli, "-p", "-t", "0-3", "1"});
+  EXPECT_TRUE(FailedWithOneLine(r));
+  EXPECT_EQ(r.err, "nvtaskset: pid 1 is not running under nvtaskset\n") << r;
+}
+
+TEST_F(E2E, OverlongListIsRefusedAtOnce) {
+  std::string huge;
+  while (huge.size() < 120 * 1024) huge += "0-4095:3,";
+  huge += "0";
+  const std::string marker = path("marker");
+  const auto t0 = std::chrono::steady_clock::now();
+  const Result r = run({kCli, "--no-mps", "-t", huge, "touch", marker});
+  const auto elapsed = std::chrono::steady_clock::now() - t0;
+  EXPECT_TRUE(FailedWithOneLine(r));
+  EXPECT_NE(r.err.find("longer than 4096 characters"), std::string::npos) << r;
+  EXPECT_LT(r.err.size(), 200u) << r;
+  EXPECT_LT(elapsed, 3s) << "took 4-60 s before the bound";
+  EXPECT_FALSE(exists(marker));
+}
+
+// --- NVTASKSET_LOG ---------------------------------------------------------------------
+
+TEST_F(E2E, LogLevelIsCaseInsensitiveAndUnknownLevelsWarn) {
+  // `true` is no CUDA program, so only the CLI logs here.
+  Env env = env_;
+  env["NVTASKSET_LOG"] = "bogus";
+  Result r = run({kCli, "--no-mps", "-t", "0-3", "true"}, env);
+  EXPECT_TRUE(ExitedWith(r, 0));
+  EXPECT_EQ(r.err,
+            "nvtaskset: warning: NVTASKSET_LOG=bogus: unknown level (trace, debug, info, warn, error, off); using warn\n")
+      << r;
+
+  env["NVTASKSET_LOG"] = "DEBUG";  // spdlog's from_str turned this into "off"
+  r = run({kCli, "--no-mps", "-t", "0-3", "true"}, env);
+  EXPECT_TRUE(ExitedWith(r, 0));
+  EXPECT_NE(r.err.find("nvtaskset: debug: CUDA driver: " + kFake + "\n"), std::string::npos) << r;
+
+  env["NVTASKSET_LOG"] = "Warn";
+  r = run({kCli, "--no-mps", "-t", "0-3", "true"}, env);
+  EXPECT_TRUE(ExitedWith(r, 0));
+  EXPECT_EQ(r.err, "") << r;
+
+  // Unknown means warn, not off: a warning still reaches the user.
+  env["NVTASKSET_LOG"] = "INFOO";
+  env["FAKECUDA_CC"] = "9.0";  // a Hopper without a known layout: the physical mask warning
+  r = run({kCli, "--no-mps", "--physical", "0xf", "true"}, env);
+  EXPECT_TRUE(ExitedWith(r, 0));
+  EXPECT_EQ(lines_of(r.err).size(), 2u) << r;
+  EXPECT_NE(r.err.find("NVTASKSET_LOG=INFOO: unknown level"), std::string::npos) << r;
+}
+
 }  // namespace
