@@ -474,11 +474,17 @@ void note_cluster(ctl::Header& h, std::uint32_t blocks) noexcept {
 }
 
 // Returns the enable mask to write (the widened one), or stops the process.
-[[gnu::cold, gnu::noinline]] Bits128 cluster_misfit(ctl::Header& h, const ctl::DeviceEntry& e,
+// `e` is null when the header is corrupt (the last good partition applies):
+// the message then names the physical bits.
+[[gnu::cold, gnu::noinline]] Bits128 cluster_misfit(ctl::Header& h, const ctl::DeviceEntry* e,
                                                     const ctl::LaunchView& v, std::uint32_t blocks) noexcept {
   bump(h.cluster_misfits);
-  const ctl::MaskBuffer& b = e.buffer[e.generation.load(std::memory_order_acquire) & 1];
-  const std::uint64_t tlo = b.tpcs[0].load(std::memory_order_relaxed), thi = b.tpcs[1].load(std::memory_order_relaxed);
+  std::uint64_t tlo = 0, thi = 0;
+  if (e != nullptr) {
+    const ctl::MaskBuffer& b = e->buffer[e->generation.load(std::memory_order_acquire) & 1];
+    tlo = b.tpcs[0].load(std::memory_order_relaxed);
+    thi = b.tpcs[1].load(std::memory_order_relaxed);
+  }
   const bool widen = g_widen_clusters.load(std::memory_order_relaxed);
   const bool widened_fits = (v.widened_lo | v.widened_hi) != 0 && v.widened_max_cluster >= blocks;
   Msg m = prefix(widen && widened_fits ? "warning: " : "");
@@ -528,6 +534,16 @@ void note_cluster(ctl::Header& h, std::uint32_t blocks) noexcept {
   return false;
 }
 
+// For an unpartitioned launch: its cluster size, if it has clusters.
+inline void note_clusters_only(ctl::Header& h, const void* t) noexcept {
+  const tmd::VersionBytes v = tmd::read_version(t);
+  const tmd::Layout layout = tmd::detect(v);
+  if (layout != tmd::Layout::kV04 && layout != tmd::Layout::kV05) return;  // no clusters before Hopper
+  const std::uint32_t blocks = tmd::cluster_blocks(t, layout, v);
+  if (blocks != 0 && blocks != tmd::kClusterShapeUnknown) [[unlikely]]
+    note_cluster(h, blocks);
+}
+
 void on_launch(void* /*userdata*/, int domain, int cbid, const void* params) noexcept {
   void* t = hook::tmd_of(domain, cbid, params);
   if (t == nullptr) return;
@@ -543,11 +559,17 @@ void on_launch(void* /*userdata*/, int domain, int cbid, const void* params) noe
     if (!corrupt_header(*h, view)) return;
   } else {
     e = select_entry(*h);
-    if (e == nullptr) return;
+    if (e == nullptr) {
+      note_clusters_only(*h, t);  // no partition for this GPU (see below)
+      return;
+    }
   }
   const auto slot = e ? static_cast<unsigned>(e - h->devices) : 0;
   switch (e ? ctl::read_launch_view(*e, view) : ctl::ReadResult::kOk) {
     case ctl::ReadResult::kNone:
+      // Unpartitioned (system-wide mode): still note its clusters, so that a
+      // later -p refuses a partition that could not host them.
+      note_clusters_only(*h, t);
       return;
     case ctl::ReadResult::kOk:
       // The CLI never writes a partition without a TPC; such a mask hangs
@@ -586,7 +608,7 @@ void on_launch(void* /*userdata*/, int domain, int cbid, const void* params) noe
   if (blocks != 0 && blocks != tmd::kClusterShapeUnknown) [[unlikely]] {
     note_cluster(*h, blocks);
     if (view.max_cluster != kClusterUnchecked && blocks > view.max_cluster)
-      enabled = cluster_misfit(*h, *e, view, blocks);
+      enabled = cluster_misfit(*h, e, view, blocks);
   }
   // The TMD takes the complement: a set bit disables a TPC (docs/hardware.md).
   tmd::write_disable_mask(t, layout, ~enabled);

@@ -1559,6 +1559,32 @@ TEST_F(TopologyFile, LiveChangeMustHostTheClustersTheTaskLaunched) {
   EXPECT_TRUE(ExitedWith(p.wait(), 0));
 }
 
+TEST_F(TopologyFile, UnpartitionedTaskKeepsCountOfItsClustersToo) {
+  // System-wide mode: the shim loaded, no partition yet. A later -p must
+  // still not give it a partition its clusters cannot run in.
+  Env env = env_;
+  env["LD_LIBRARY_PATH"] = shim_dir();
+  const std::string until = path("until"), ready = path("ready");
+  Proc& p = start({kGraphLauncher, "--mode", "eager", "--cluster", "8", "--nodes", "1", "--until-file", until,
+                   "--interval-ms", "2", "--ready-file", ready},
+                  env);
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0) << p.wait();
+  const std::string spid = std::to_string(pid);
+  ASSERT_TRUE(wait_until([&] {
+    return run({kCli, "-p", "--topology-file", file_, spid}).out.find("largest thread-block cluster: 8") !=
+           std::string::npos;
+  }));
+  Result q = run({kCli, "-p", "--topology-file", file_, "-t", "0-1", spid});
+  EXPECT_TRUE(FailedWithOneLine(q)) << q;
+  q = run({kCli, "-p", "--topology-file", file_, "-g", "0", spid});
+  EXPECT_TRUE(ExitedWith(q, 0)) << q;
+  const std::size_t before = records().size();
+  for (const auto& rec : records_after(pid, before, 1, 3)) EXPECT_EQ(rec.mask, hopper_disable({0, 2, 4, 6})) << rec;
+  touch(until);
+  EXPECT_TRUE(ExitedWith(p.wait(), 0));
+}
+
 TEST_F(TopologyFile, LaunchSuggestsAGpcAlignedListThatHostsClusters) {
   // -t 0-3 holds 2 TPCs of GPC 0 and 2 of GPC 1: clusters of 4 at most, while
   // GPC 0 alone (TPCs 0,2,4,6) hosts the portable size 8.
