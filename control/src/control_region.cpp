@@ -191,9 +191,10 @@ namespace {
 // How /proc/<pid>/fd shows a region: "/memfd:nvtaskset.<pid> (deleted)".
 std::string memfd_link(pid_t pid) { return "/memfd:" + region_name(pid) + " (deleted)"; }
 
-// The descriptor numbers in /proc/<pid>/fd whose link is `link`. Throws
-// Error on EACCES (another user's process).
-std::vector<int> fds_linking_to(pid_t pid, const std::string& link, bool* denied) {
+// The descriptor numbers in /proc/<pid>/fd whose link target satisfies
+// `match`. *denied (if given) says whether the directory was another user's.
+template <class Match>
+std::vector<int> fds_where(pid_t pid, Match match, bool* denied = nullptr) {
   std::vector<int> out;
   const std::string dir = "/proc/" + std::to_string(pid) + "/fd";
   DIR* d = ::opendir(dir.c_str());
@@ -207,10 +208,16 @@ std::vector<int> fds_linking_to(pid_t pid, const std::string& link, bool* denied
     const ssize_t n = ::readlinkat(::dirfd(d), ent->d_name, target, sizeof target - 1);
     if (n <= 0) continue;
     target[n] = '\0';
-    if (link == target) out.push_back(std::atoi(ent->d_name));
+    if (match(std::string_view(target, static_cast<std::size_t>(n)))) out.push_back(std::atoi(ent->d_name));
   }
   ::closedir(d);
   return out;
+}
+
+// The descriptors through which `pid` holds its own region.
+std::vector<int> region_fds(pid_t pid, bool* denied = nullptr) {
+  const std::string link = memfd_link(pid);
+  return fds_where(pid, [&](std::string_view t) { return t == link; }, denied);
 }
 
 // The effective UID of a process (/proc/<pid>/status "Uid:" field 2), or -1.
@@ -263,7 +270,7 @@ std::unique_ptr<Region> Region::create_for_self(const std::vector<DevicePartitio
   // A region this process already has: an earlier image of it (before
   // execve) created it, or another copy of the shim in this image did. It
   // is ours only if everything about it says so; anything else is closed.
-  for (int fd : fds_linking_to(self, memfd_link(self), nullptr)) {
+  for (int fd : region_fds(self)) {
     if (check_file(fd, static_cast<long>(::geteuid())).empty()) {
       auto impl = map_fd(::fcntl(fd, F_DUPFD_CLOEXEC, 3));
       const auto* h = static_cast<const Header*>(impl->map);
@@ -273,19 +280,7 @@ std::unique_ptr<Region> Region::create_for_self(const std::vector<DevicePartitio
   }
   // Regions inherited from ancestors (fork) are theirs, not ours: drop the
   // descriptors (the ancestors keep their own).
-  DIR* d = ::opendir("/proc/self/fd");
-  if (d != nullptr) {
-    std::vector<int> foreign;
-    char target[256];
-    while (dirent* ent = ::readdir(d)) {
-      const ssize_t n = ::readlinkat(::dirfd(d), ent->d_name, target, sizeof target - 1);
-      if (n <= 0) continue;
-      target[n] = '\0';
-      if (std::string_view(target).starts_with("/memfd:nvtaskset.")) foreign.push_back(std::atoi(ent->d_name));
-    }
-    ::closedir(d);
-    for (int fd : foreign) ::close(fd);
-  }
+  for (int fd : fds_where(self, [](std::string_view t) { return t.starts_with("/memfd:nvtaskset."); })) ::close(fd);
 
   // Not close-on-exec: the region outlives execve(), so live changes do too.
   const int fd = ::memfd_create(region_name(self).c_str(), MFD_ALLOW_SEALING);
@@ -307,7 +302,7 @@ std::unique_ptr<Region> Region::attach(pid_t pid) {
   // A zombie (killed, not yet reaped) is dead too: taskset's answer.
   if (process_is_zombie_or_dead(pid)) throw Error(pid_str(pid) + ": no such process");
   bool denied = false;
-  const std::vector<int> fds = fds_linking_to(pid, memfd_link(pid), &denied);
+  const std::vector<int> fds = region_fds(pid, &denied);
   if (denied)
     throw Error(pid_str(pid) + " belongs to another user: only its owner and root can query or change its TPCs");
   if (fds.empty()) throw Error(pid_str(pid) + " is not running under nvtaskset");
