@@ -226,21 +226,31 @@ std::string self_exe() {
 // The MPS daemon inherits our environment. It must never load the shim nor
 // carry a partition, which it would when nvtaskset itself runs inside a
 // partitioned task.
+// The items of a loader list (LD_LIBRARY_PATH, LD_PRELOAD): separated by
+// ':' or ' ', as ld.so reads them; empty items dropped.
+std::vector<std::string> loader_list(std::string_view value) {
+  std::vector<std::string> out;
+  std::string item;
+  for (std::size_t i = 0; i <= value.size(); ++i) {
+    if (i < value.size() && value[i] != ':' && value[i] != ' ') {
+      item += value[i];
+    } else if (!item.empty()) {
+      out.push_back(std::move(item));
+      item.clear();
+    }
+  }
+  return out;
+}
+
 void scrub_shim_environment(const std::string& shim_dir) {
   ::unsetenv(kPartitionEnv);
   for (const char* var : {"LD_LIBRARY_PATH", "LD_PRELOAD"}) {
     const char* v = std::getenv(var);
     if (!v) continue;
-    std::string kept, item;
-    const std::string value = v;
-    for (std::size_t i = 0; i <= value.size(); ++i) {
-      if (i == value.size() || value[i] == ':' || value[i] == ' ') {
-        const bool shim = item == shim_dir || item.rfind(shim_dir + "/", 0) == 0;
-        if (!item.empty() && !shim) kept += (kept.empty() ? "" : ":") + item;
-        item.clear();
-      } else {
-        item += value[i];
-      }
+    std::string kept;
+    for (const std::string& item : loader_list(v)) {
+      const bool shim = item == shim_dir || item.rfind(shim_dir + "/", 0) == 0;
+      if (!shim) kept += (kept.empty() ? "" : ":") + item;
     }
     if (kept.empty()) ::unsetenv(var);
     else ::setenv(var, kept.c_str(), 1);
@@ -268,13 +278,7 @@ struct Options {
 void refuse_preloaded_driver(const std::vector<std::string>& env) {
   for (const auto& e : env) {
     if (!e.starts_with("LD_PRELOAD=")) continue;
-    std::string item;
-    const std::string value = e.substr(std::strlen("LD_PRELOAD="));
-    for (std::size_t i = 0; i <= value.size(); ++i) {
-      if (i < value.size() && value[i] != ':' && value[i] != ' ') {
-        item += value[i];
-        continue;
-      }
+    for (const std::string& item : loader_list(std::string_view(e).substr(std::strlen("LD_PRELOAD=")))) {
       const std::string base = fs::path(item).filename().string();
       // A bare name is searched like any library, and finds the shim first.
       std::error_code ec;
@@ -282,7 +286,6 @@ void refuse_preloaded_driver(const std::vector<std::string>& env) {
           !is_shim_library(item))
         throw Failure("LD_PRELOAD names the CUDA driver (" + item +
                       "): the task would load it instead of nvtaskset's shim and run on all TPCs; remove it");
-      item.clear();
     }
   }
 }
