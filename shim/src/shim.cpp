@@ -333,26 +333,6 @@ struct Msg {
   }
 };
 
-[[gnu::cold, gnu::noinline]] void unsupported_layout(ctl::Header& h, std::uint32_t version) noexcept {
-  h.kernels_unsupported.fetch_add(1, std::memory_order_relaxed);
-  const bool warn = g_warn_unsupported.load(std::memory_order_relaxed);
-  if (warn) h.kernels_unmasked.fetch_add(1, std::memory_order_relaxed);
-  if (!g_unsupported_reported.exchange(true, std::memory_order_acq_rel)) {
-    Msg m;
-    m.add("nvtaskset[");
-    m.add_uint(static_cast<std::uint64_t>(::getpid()), 10);
-    m.add("]: ");
-    m.add(warn ? "warning" : "error");
-    m.add(": unknown TMD layout (QMD version byte 0x");
-    m.add_uint(version, 16);
-    m.add(warn ? "): kernels run unpartitioned (NVTASKSET_ON_UNSUPPORTED=warn)\n"
-               : "): cannot apply the TPC partition; aborting (NVTASKSET_ON_UNSUPPORTED=warn runs unpartitioned)\n");
-    [[maybe_unused]] const ssize_t r = ::write(2, m.buf, m.n);
-  }
-  // Every thread that meets such a TMD aborts, not just the first: a kernel
-  // must not run unmasked while the first one is still writing its message.
-  if (!warn) std::abort();
-}
 
 // Counter increments in the callback are a relaxed load and store, not
 // fetch_add: a locked instruction is a full fence on x86, which also drains
@@ -401,6 +381,21 @@ void add_list(Msg& m, std::uint64_t lo, std::uint64_t hi) noexcept {
     }
     i = j + 1;
   }
+}
+
+[[gnu::cold, gnu::noinline]] void unsupported_layout(ctl::Header& h, std::uint32_t version) noexcept {
+  h.kernels_unsupported.fetch_add(1, std::memory_order_relaxed);
+  const bool warn = g_warn_unsupported.load(std::memory_order_relaxed);
+  if (warn) h.kernels_unmasked.fetch_add(1, std::memory_order_relaxed);
+  Msg m = prefix(warn ? "warning: " : "error: ");
+  m.add("unknown TMD layout (QMD version byte 0x");
+  m.add_uint(version, 16);
+  m.add(warn ? "): kernels run unpartitioned (NVTASKSET_ON_UNSUPPORTED=warn)\n"
+             : "): cannot apply the TPC partition; aborting (NVTASKSET_ON_UNSUPPORTED=warn runs unpartitioned)\n");
+  say_once(g_unsupported_reported, m);
+  // Every thread that meets such a TMD aborts, not just the first: a kernel
+  // must not run unmasked while the first one is still writing its message.
+  if (!warn) std::abort();
 }
 
 // ---- a consistent partition, or the last good one --------------------------
