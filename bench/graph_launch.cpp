@@ -41,6 +41,8 @@
 #include <string>
 #include <vector>
 
+#include "nvtaskset/partition.hpp"
+
 extern char** environ;
 
 namespace {
@@ -126,18 +128,19 @@ struct Driver {
     CUdevice dev{};
     CUcontext ctx{};
     CUmodule mod{};
-    if (init(0) != CUDA_SUCCESS || dev_get(&dev, 0) != CUDA_SUCCESS || retain(&ctx, dev) != CUDA_SUCCESS ||
-        set_cur(ctx) != CUDA_SUCCESS || load(&mod, kPtx) != CUDA_SUCCESS || get_fn(&fn, mod, "empty") != CUDA_SUCCESS ||
-        stream_create(&stream, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
-      std::fprintf(stderr, "worker: driver set-up failed\n");
-      std::exit(3);
-    }
+    must(init(0), "cuInit");
+    must(dev_get(&dev, 0), "cuDeviceGet");
+    must(retain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+    must(set_cur(ctx), "cuCtxSetCurrent");
+    must(load(&mod, kPtx), "cuModuleLoadData");
+    must(get_fn(&fn, mod, "empty"), "cuModuleGetFunction");
+    must(stream_create(&stream, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
   }
 
   // A chain of `nodes` empty-kernel nodes, instantiated and uploaded.
   CUgraphExec graph(int nodes) {
     CUgraph g{};
-    if (graph_create(&g, 0) != CUDA_SUCCESS) std::exit(3);
+    must(graph_create(&g, 0), "cuGraphCreate");
     CUDA_KERNEL_NODE_PARAMS p{};
     p.func = fn;
     p.gridDimX = p.gridDimY = p.gridDimZ = 1;
@@ -146,11 +149,12 @@ struct Driver {
     CUgraphNode prev{};
     for (int i = 0; i < nodes; ++i) {
       CUgraphNode n{};
-      if (add_kernel(&n, g, i ? &prev : nullptr, i ? 1 : 0, &p) != CUDA_SUCCESS) std::exit(3);
+      must(add_kernel(&n, g, i ? &prev : nullptr, i ? 1 : 0, &p), "cuGraphAddKernelNode");
       prev = n;
     }
     CUgraphExec e{};
-    if (instantiate(&e, g, 0) != CUDA_SUCCESS || upload(e, stream) != CUDA_SUCCESS) std::exit(3);
+    must(instantiate(&e, g, 0), "cuGraphInstantiate");
+    must(upload(e, stream), "cuGraphUpload");
     return e;
   }
 
@@ -296,6 +300,26 @@ const char* kUsage =
 
 }  // namespace
 
+// Every mask bit enabled, as `--physical` would pass it: the partition the
+// benchmarks measure. Built with the library's encoder so that its format
+// cannot drift from what the shim parses.
+static std::string all_bits_partition(const std::string& device) {
+  nvtaskset::DevicePartition dp;
+  if (!device.empty() && device != "*") {
+    const auto u = nvtaskset::uuid_from_string(device);
+    if (!u) {
+      std::fprintf(stderr, "bad --uuid '%s'\n", device.c_str());
+      std::exit(2);
+    }
+    dp.device = *u;
+  }
+  dp.partition.kind = nvtaskset::SpecKind::kPhysical;
+  dp.partition.enabled.bits = nvtaskset::Bits128::first(128);
+  dp.partition.widened.bits = dp.partition.enabled.bits;
+  dp.partition.max_cluster = dp.partition.widened_max_cluster = 16;  // Hopper's largest (docs/hardware.md)
+  return nvtaskset::encode_partitions({dp});
+}
+
 int main(int argc, char** argv) {
   std::string real, shim_dir, uuid, nvtaskset, list_a = "0-7", list_b = "8-15";
   long launches = 20000;
@@ -332,10 +356,9 @@ int main(int argc, char** argv) {
   const std::string self = selfbuf;
   if (nvtaskset.empty()) nvtaskset = self.substr(0, self.rfind('/')) + "/../bin/nvtaskset";
   const std::string real_dir = real.substr(0, real.rfind('/'));
-  const std::string all_bits = ",4,0xffffffffffffffffffffffffffffffff,0x0,0x0,0,0,0,0";
   const std::vector<std::string> plain{"LD_LIBRARY_PATH=" + real_dir};
   const std::vector<std::string> shim{"LD_LIBRARY_PATH=" + shim_dir + ":" + real_dir, "NVTASKSET_REAL_LIBCUDA=" + real,
-                                      "NVTASKSET_PARTITION=" + (uuid.empty() ? std::string("*") : uuid) + all_bits,
+                                      "NVTASKSET_PARTITION=" + all_bits_partition(uuid),
                                       "NVTASKSET_PARTITION_PID="};
   const char* shim_name = uuid.empty() ? "shim, any-GPU partition" : "shim, per-GPU partition";
 
@@ -351,7 +374,8 @@ int main(int argc, char** argv) {
       const double p = std::atof(capture(args, merged_env(plain)).c_str());
       const double s = std::atof(capture(args, merged_env(shim)).c_str());
       if (p <= 0 || s <= 0) {
-        std::fprintf(stderr, "bench_graph_launch: a worker failed (graph of %d nodes)\n", nodes);
+        std::fprintf(stderr, "bench_graph_launch: the %s worker failed (graph of %d nodes)\n",
+                     p <= 0 ? "plain-driver" : "shim", nodes);
         return 1;
       }
       p_ns.push_back(p);

@@ -35,6 +35,8 @@
 #include <string>
 #include <vector>
 
+#include "nvtaskset/partition.hpp"
+
 extern char** environ;
 
 namespace {
@@ -150,6 +152,26 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
+// Every mask bit enabled, as `--physical` would pass it: the partition the
+// benchmarks measure. Built with the library's encoder so that its format
+// cannot drift from what the shim parses.
+static std::string all_bits_partition(const std::string& device) {
+  nvtaskset::DevicePartition dp;
+  if (!device.empty() && device != "*") {
+    const auto u = nvtaskset::uuid_from_string(device);
+    if (!u) {
+      std::fprintf(stderr, "bad --uuid '%s'\n", device.c_str());
+      std::exit(2);
+    }
+    dp.device = *u;
+  }
+  dp.partition.kind = nvtaskset::SpecKind::kPhysical;
+  dp.partition.enabled.bits = nvtaskset::Bits128::first(128);
+  dp.partition.widened.bits = dp.partition.enabled.bits;
+  dp.partition.max_cluster = dp.partition.widened_max_cluster = 16;  // Hopper's largest (docs/hardware.md)
+  return nvtaskset::encode_partitions({dp});
+}
+
 int main(int argc, char** argv) {
   std::string real, shim_dir, uuid;
   long launches = 100000;
@@ -179,7 +201,6 @@ int main(int argc, char** argv) {
   if (readlink("/proc/self/exe", self, sizeof self - 1) <= 0) return 2;
   const std::string real_dir = real.substr(0, real.rfind('/'));
   const std::vector<std::string> plain{"LD_LIBRARY_PATH=" + real_dir};
-  const std::string all_bits = ",4,0xffffffffffffffffffffffffffffffff,0x0,0x0,0,0,0,0";
   struct Config {
     const char* name;
     std::vector<std::string> env;
@@ -197,8 +218,8 @@ int main(int argc, char** argv) {
     return env;
   };
   configs.push_back({"shim, no partition", shim_env(""), {}, {}});
-  configs.push_back({"shim, any-GPU partition", shim_env("*" + all_bits), {}, {}});
-  if (!uuid.empty()) configs.push_back({"shim, per-GPU partition", shim_env(uuid + all_bits), {}, {}});
+  configs.push_back({"shim, any-GPU partition", shim_env(all_bits_partition("*")), {}, {}});
+  if (!uuid.empty()) configs.push_back({"shim, per-GPU partition", shim_env(all_bits_partition(uuid)), {}, {}});
   for (int r = 0; r < rounds; ++r) {
     for (auto& c : configs) {
       const double x = run_worker(self, launches, c.env);

@@ -1410,9 +1410,10 @@ TEST_F(E2E, GraphNodeTheProgramDisabledStaysDisabled) {
   EXPECT_TRUE(ExitedWith(p.wait(), 0));
 }
 
-// What the driver does with a kernel node inside a child graph is not
-// measured yet; whatever it does, the shim must never claim a partition the
-// replays do not get: it checks that the driver re-encoded, and says so.
+// The H100's driver re-encodes kernel nodes of child graphs when toggled
+// (docs/hardware.md); a driver that refused or ignored it must still never
+// make the shim claim a partition the replays do not get: it checks that the
+// driver re-encoded, and says so.
 class ChildGraphDriver : public E2E, public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(ChildGraphDriver, AnExecTheDriverWillNotReencodeIsReportedNotTrusted) {

@@ -24,7 +24,7 @@
 //                          by its grid width)
 //   FAKECUDA_CHILD_NODES   accept|refuse|ignore: what cuGraphNodeSetEnabled
 //                          does with a kernel node of a child graph (default
-//                          accept; see "CUDA graphs" below)
+//                          accept, as measured; see "CUDA graphs" below)
 // The layout field gets a trailing '!' when a callback changed any TMD byte
 // outside the mask field and its valid bit: a shim writing at the wrong
 // offsets must not go unnoticed.
@@ -35,10 +35,13 @@
 // replays reuse it. Changing a node's enabled state on the exec, or its grid
 // (cuGraphExecKernelNodeSetParams, cuGraphExecUpdate), makes the next upload
 // or launch build it again; cuGraphExecUpdate with unchanged parameters does
-// not. Node handles of a destroyed graph are invalid. Whether the driver lets
-// cuGraphNodeSetEnabled reach a kernel node inside a child graph is NOT
-// measured yet: FAKECUDA_CHILD_NODES lets tests cover each answer (accepted
-// and re-encoded, refused, or accepted without effect).
+// not. Node handles of a destroyed graph are invalid. A child-graph node
+// embeds a clone of the program's graph; cuGraphChildGraphNodeGetGraph
+// returns the clone, whose kernel nodes cuGraphNodeSetEnabled accepts and
+// re-encodes, while the program's own graph's nodes and the child-graph node
+// itself are refused (measured on H100, docs/verification.md run 9).
+// FAKECUDA_CHILD_NODES=refuse|ignore stand for a driver that answers
+// otherwise, so tests prove the shim reports such execs instead of trusting them.
 // Cluster dimensions (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, on cuLaunchKernelEx
 // or a kernel node) are written into the TMD where the layout keeps them.
 #include <dlfcn.h>

@@ -10,7 +10,8 @@ Run from the repository root on a machine with an NVIDIA GPU, with the build in
 Every GPU command has a timeout. Each check prints PASS/FAIL with its evidence;
 the exit status is the number of failures. Sections: calibrate, probe, lists,
 gpc, live, mps, torch, bench, errors, multi (needs 2 GPUs), systemwide, graphs,
-clusters, libclusters, torchgraphs, graphoverhead, graphbench (default: all).
+clusters, libclusters, torchgraphs, graphoverhead, graphbench, hardening (default:
+all).
 """
 import json
 import os
@@ -653,10 +654,14 @@ def graph_mode(mode, rng):
     want_graphs = {"eager": 0, "threads": 2}.get(mode, 1)
     last = ranges(marks[-1][2])
     mg = re.search(r"pid (\d+)'s CUDA graphs: (\d+) follow the partition, (\d+) cannot", q)
-    follow_ok = mg is not None and (int(mg.group(2)) == 0 if want_graphs == 0 else int(mg.group(2)) >= want_graphs)
+    # The query prints the graphs line only when the task has instantiated graphs.
+    if want_graphs == 0:
+        counters_ok = mg is None
+    else:
+        counters_ok = (mg is not None and int(mg.group(2)) >= want_graphs and int(mg.group(3)) == 0
+                       and int(mg.group(1)) == t.pid)
     check(f"graphs {mode}: -p query shows the TPC list and the graph counters",
-          rc_q == 0 and f"current TPC list: {last}" in q and follow_ok and mg and int(mg.group(3)) == 0
-          and int(mg.group(1)) == t.pid,
+          rc_q == 0 and f"current TPC list: {last}" in q and counters_ok,
           f"want list {last}, {want_graphs} graph(s) following, 0 not: {q.replace(chr(10), ' | ')}")
     keys = ("pid", "tpcs", "graphs_following", "graphs_not_following", "max_cluster", "kernels_launched")
     jok = (rc_j == 0 and isinstance(d, dict) and all(k in d for k in keys) and d["pid"] == t.pid
@@ -962,8 +967,162 @@ def section_graphbench():
           "; ".join(f"{a} nodes {b} us" for a, b in m))
 
 
+HARD = "/tmp/nvtaskset-hardening"  # a copy every user can read; the repository may sit under /root
+
+
+def as_user(name):
+    """preexec_fn: drop to the Unix user NAME (created by section_hardening)."""
+    import pwd
+    pw = pwd.getpwnam(name)
+
+    def drop():
+        os.setgroups([])
+        os.setgid(pw.pw_gid)
+        os.setuid(pw.pw_uid)
+    return drop
+
+
+def user_env(name):
+    e = dict(os.environ)
+    e["HOME"] = os.path.join(HARD, "home-" + name)
+    e.pop("XDG_CACHE_HOME", None)
+    return e
+
+
+def smid_rows(path):
+    return [parse_ranges(l.split()[-1]) for l in open(path).read().splitlines() if l.startswith("iter ")]
+
+
+def hardening_second_user():
+    """A task of user A on TPCs 0-7; user B tries to steer it, to read its region, to write into it."""
+    import shutil
+    shutil.rmtree(HARD, ignore_errors=True)
+    os.makedirs(HARD)
+    shutil.copytree(BUILD + "/bin", HARD + "/bin")
+    shutil.copytree(BUILD + "/lib", HARD + "/lib")
+    shutil.copy(f"{GPUBIN}/smid_probe", HARD + "/smid_probe")
+    for u in ("nvt-a", "nvt-b"):
+        subprocess.run(["useradd", "-M", "-s", "/bin/sh", u], capture_output=True)
+        os.makedirs(os.path.join(HARD, "home-" + u), exist_ok=True)
+        subprocess.run(["chown", u, os.path.join(HARD, "home-" + u)])
+    subprocess.run(["chmod", "-R", "a+rX", HARD])
+    os.chmod(HARD, 0o777)
+    nv = HARD + "/bin/nvtaskset"
+    until, ready = HARD + "/until", HARD + "/ready"
+    outpath = os.path.join(OUT, "hard-user-a.txt")
+    with open(outpath, "w") as out:
+        p = subprocess.Popen([nv, "--no-mps", "-t", "0-7", HARD + "/smid_probe", "--interval-ms", "5", "--until-file",
+                              until, "--ready-file", ready], stdout=out, stderr=subprocess.STDOUT,
+                             preexec_fn=as_user("nvt-a"), env=user_env("nvt-a"), start_new_session=True)
+        t0 = time.monotonic()
+        while not os.path.exists(ready) and time.monotonic() - t0 < 60 and p.poll() is None:
+            time.sleep(0.01)
+        time.sleep(0.2)
+
+        def b(args):
+            r = subprocess.run(args, capture_output=True, text=True, timeout=30, preexec_fn=as_user("nvt-b"),
+                               env=user_env("nvt-b"))
+            LOG.write(f"$ [nvt-b] {' '.join(args)} [rc={r.returncode}]\n{r.stdout}{r.stderr}\n")
+            return r
+        steer = b([nv, "-p", "-t", "0-65", str(p.pid)])
+        fds = b(["sh", "-c", f"ls -l /proc/{p.pid}/fd; cat /proc/{p.pid}/fd/* > /dev/null"])
+        own = subprocess.run([nv, "-p", str(p.pid)], capture_output=True, text=True, timeout=30,
+                             preexec_fn=as_user("nvt-a"), env=user_env("nvt-a"))
+        n_before = len(smid_rows(outpath))
+        time.sleep(0.5)
+        open(until, "w").close()
+        try:
+            rc = p.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, 9)
+            rc = -9
+    rows = smid_rows(outpath)
+    check("hardening: another user's -p is refused with one line", steer.returncode != 0
+          and len(steer.stderr.strip().splitlines()) == 1, f"rc={steer.returncode} {steer.stderr.strip()}")
+    check("hardening: another user cannot open the task's descriptors (the region)", fds.returncode != 0,
+          f"rc={fds.returncode} {fds.stderr.strip()[:200]}")
+    check("hardening: the owner still queries its task", own.returncode == 0 and "0-7" in own.stdout,
+          (own.stdout + own.stderr).strip())
+    check("hardening: user A's task ran on exactly TPCs 0-7 throughout (as a non-root user)",
+          rc == 0 and len(rows) > 20 and all(t == set(range(8)) for t in rows),
+          f"rc={rc}, {len(rows)} kernels ({n_before} before the end), TPC sets seen: "
+          f"{sorted({ranges(t) for t in rows})[:4]}")
+
+
+def hardening_killed_writers():
+    """PyTorch matmuls on all TPCs; 300 -p writers killed at random moments; the task goes on, a last -p lands."""
+    n = ntpcs()
+    rng = random.Random(8)
+    script = os.path.join(OUT, "hard_loop.py")
+    with open(script, "w") as f:
+        f.write("import sys, time, torch\n"
+                "a = torch.randn(4096, 4096, device='cuda', dtype=torch.bfloat16)\n"
+                "print('ready', flush=True)\n"
+                "t_end = time.time() + float(sys.argv[1])\n"
+                "k = 0\n"
+                "while time.time() < t_end:\n"
+                "    for _ in range(20): a @ a\n"
+                "    torch.cuda.synchronize(); k += 1\n"
+                "    print('step', k, time.time_ns(), flush=True)\n"
+                "print('done', k, flush=True)\n")
+    with Task([NV, "--no-mps", "-t", f"0-{n - 1}", "python3", script, "25"], "hard-killed") as t:
+        if not t.wait_ready(90):
+            check("hardening: PyTorch task started", False, t.err()[-300:])
+            return
+        killed = 0
+        for i in range(300):
+            L = sorted(rng.sample(range(n), rng.randint(1, n)))
+            w = subprocess.Popen([NV, "-p", "-t", ranges(L), str(t.pid)], stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+            time.sleep(rng.uniform(0, 0.004))
+            if w.poll() is None:
+                w.kill()
+                killed += 1
+            w.wait()
+        steps_mid = len(re.findall(r"^step ", t.text(), re.M))
+        s = time.monotonic()
+        rc_c, c, cerr, dt = run([NV, "-p", "-t", "0-7", str(t.pid)], timeout=30)
+        q_rc, q, qerr, _ = run([NV, "-p", str(t.pid)], timeout=30)
+        rc = t.finish(60)
+        text = t.text()
+    steps = len(re.findall(r"^step ", text, re.M))
+    check("hardening: 300 -p writers, killed mid-way at random, neither hang nor stop a PyTorch task",
+          rc == 0 and "done" in text and steps > steps_mid > 0,
+          f"{killed} of 300 writers killed before they finished; task rc={rc}, steps {steps_mid} then {steps}")
+    check("hardening: after the killed writers, a -p lands and the query shows it",
+          rc_c == 0 and q_rc == 0 and "current TPC list: 0-7" in q, f"{c.strip()} | {q.strip()} {cerr}{qerr}")
+
+
+def hardening_preload_real_driver():
+    real = os.environ.get("REAL_LIBCUDA", "/usr/local/nvidia/lib64/libcuda.so.1")
+    rc, out, err, dt = run([NV, "--no-mps", "-t", "0-7", f"{GPUBIN}/smid_probe", "--iters", "1"], timeout=60,
+                           env={"LD_PRELOAD": real})
+    check("hardening: LD_PRELOAD of the real driver is refused (one line, no kernel run)",
+          rc != 0 and len(err.strip().splitlines()) == 1 and "tpcs" not in out and "iter" not in out,
+          f"rc={rc} {err.strip()}")
+
+
+def hardening_gpc_unknown_clusters():
+    unknown = [t["tpc"] for t in topo["tpcs"] if t["gpc"] is None]
+    if not unknown:
+        log("INFO no TPC of unknown GPC on this chip")
+        return
+    for size in (1, 2):
+        rc, out, err, dt = run_group([NV, "--no-mps", "-t", ranges(unknown), f"{GPUBIN}/cluster_probe", "--size",
+                                      str(size)], timeout=20)
+        log(f"INFO clusters of {size} on the TPCs of unknown GPC {ranges(unknown)}: rc={rc} {dt:.2f}s "
+            f"{out.strip()[-200:]} {err.strip()[-300:]}")
+
+
+def section_hardening():
+    hardening_preload_real_driver()
+    hardening_second_user()
+    hardening_killed_writers()
+    hardening_gpc_unknown_clusters()
+
+
 SECTIONS = ["calibrate", "probe", "lists", "gpc", "live", "mps", "torch", "bench", "errors", "multi", "systemwide",
-            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench"]
+            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening"]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:] or SECTIONS
