@@ -3,6 +3,8 @@
 // cluster capability and the text rendering.
 #include "nvtaskset/topology.hpp"
 
+#include "nvtaskset/placement.hpp"
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -264,29 +266,14 @@ ClusterLimits cluster_limits(const Topology& t, const LogicalTpcSet& tpcs) {
 
 std::optional<LogicalTpcSet> gpc_aligned(const Topology& t, unsigned count) {
   if (!t.gpcs_known() || count == 0) return std::nullopt;
-  std::vector<const GpcInfo*> order;
-  for (const GpcInfo& g : t.gpcs) order.push_back(&g);
-  std::stable_sort(order.begin(), order.end(),
-                   [](const GpcInfo* a, const GpcInfo* b) { return a->tpcs.size() > b->tpcs.size(); });
-  LogicalTpcSet out;
-  std::vector<const GpcInfo*> rest;
-  for (const GpcInfo* g : order) {
-    if (out.size() + g->tpcs.size() <= count) {
-      for (LogicalTpcId tpc : g->tpcs) out.insert(tpc);
-    } else {
-      rest.push_back(g);
-    }
-  }
-  const unsigned missing = count - out.size();
-  if (missing == 0) return out;
-  // The smallest remaining GPC that holds the rest keeps big GPCs whole for
-  // others; `rest` is sorted largest first.
-  for (auto it = rest.rbegin(); it != rest.rend(); ++it) {
-    if ((*it)->tpcs.size() < missing) continue;
-    for (unsigned i = 0; i < missing; ++i) out.insert((*it)->tpcs[i]);
-    return out;
-  }
-  return std::nullopt;
+  // The packed choice of `-n`, over the TPCs of known GPC only: one rule.
+  PlacementRequest req;
+  req.count = count;
+  for (const GpcInfo& g : t.gpcs)
+    for (LogicalTpcId tpc : g.tpcs) req.pool.insert(tpc);
+  const auto r = choose_tpcs(t, req);
+  if (!r) return std::nullopt;
+  return r->tpcs;
 }
 
 std::string render_topology(const std::vector<Topology>& topos) {
