@@ -21,6 +21,8 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -31,6 +33,9 @@
 #include "nvtaskset/log_level.hpp"
 #include "nvtaskset/mps.hpp"
 #include "nvtaskset/partition.hpp"
+#include "nvtaskset/placement.hpp"
+#include "nvtaskset/sharing.hpp"
+#include "nvtaskset/status.hpp"
 #include "nvtaskset/system_wide.hpp"
 #include "nvtaskset/topology.hpp"
 
@@ -75,6 +80,18 @@ struct Request {
   std::string device;  // "" = the default device
   SpecKind kind = SpecKind::kNone;
   std::string text;
+  std::string count;  // -n COUNT (kind kTpcList, chosen by placement.hpp)
+};
+
+// What a new partition is checked and chosen against: the other live
+// partitions (the public status), and the user's sharing options.
+struct Sharing {
+  std::vector<ctl::StatusEntry> status;
+  std::set<pid_t> exclude;  // the task being changed (and, with -a, its family)
+  std::map<DeviceUuid, LogicalTpcSet> keep;  // -p -n: the TPCs a task has now
+  bool spread = false;
+  bool exclusive = false;
+  bool verbose = false;
 };
 
 const char* form_name(SpecKind k) {
@@ -96,6 +113,78 @@ DeviceDesc describe_device(const topo::DeviceInfo& d) {
           d.driver_version};
 }
 
+std::string phrase_of(const Partition& p);
+
+// -n COUNT: the TPCs chosen for the request, avoiding those other live
+// partitions hold when enough are free.
+LogicalTpcSet choose_by_count(const Request& r, const topo::DeviceInfo& dev, const topo::Topology& t,
+                              const Sharing& sh, const std::vector<Holder>& others,
+                              std::vector<std::string>* warnings) {
+  const unsigned n = parse_count(r.count);
+  if (n > dev.tpc_count())
+    throw Failure("-n " + r.count + ": " + device_label(dev) + " has " + std::to_string(dev.tpc_count()) + " TPCs");
+  topo::PlacementRequest req;
+  req.count = n;
+  req.how = sh.spread ? topo::Placement::kSpread : topo::Placement::kPacked;
+  req.pool = topo::all_tpcs(t);
+  const LogicalTpcSet taken = held_by(others);
+  req.pool.bits = req.pool.bits & ~taken.bits;
+  if (auto it = sh.keep.find(dev.uuid); it != sh.keep.end()) req.keep = it->second;
+  if (req.pool.size() < n) {
+    std::string holders;
+    for (const Holder& h : others) holders += (holders.empty() ? "" : ", ") + std::to_string(h.pid);
+    const std::string free = std::to_string(req.pool.size()) + " of " + std::to_string(dev.tpc_count()) +
+                             " TPCs of " + device_label(dev) + " are free (held by pid " + holders + ")";
+    if (sh.exclusive) throw Failure("-n " + r.count + " --exclusive: only " + free);
+    warnings->push_back("-n " + r.count + ": only " + free + "; sharing TPCs with them");
+    req.pool = topo::all_tpcs(t);
+  }
+  const auto chosen = topo::choose_tpcs(t, req);
+  if (!chosen) throw Failure("-n " + r.count + ": no choice of TPCs on " + device_label(dev));
+  if (!chosen->note.empty()) warnings->push_back(chosen->note);
+  if (sh.verbose)
+    std::fprintf(stderr, "nvtaskset: -n %s on %s: TPCs %s\n", r.count.c_str(), device_label(dev).c_str(),
+                 format_list(chosen->tpcs.bits).c_str());
+  return chosen->tpcs;
+}
+
+// Refuses (--exclusive) or warns about a partition that shares TPCs or GPCs
+// with other live partitions on its GPU: tasks that share a GPC do not
+// isolate each other (docs/hardware.md).
+void check_sharing(const Partition& p, const topo::DeviceInfo& dev, const topo::Topology* t, const Sharing& sh,
+                   const std::vector<Holder>& others, std::vector<std::string>* warnings) {
+  if (p.tpcs.empty()) return;
+  const Overlap o = overlap_with(t, p.tpcs, others);
+  auto pids = [](const std::vector<pid_t>& v) {
+    std::string s;
+    for (pid_t x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
+    return s;
+  };
+  if (!o.share_tpcs.empty()) {
+    const std::string what = "TPCs " + format_list(o.common_tpcs.bits) + " of " + device_label(dev) +
+                             " are held by pid " + pids(o.share_tpcs);
+    if (sh.exclusive) throw Failure(what + "; --exclusive refuses a partition that overlaps another");
+    warnings->push_back(what + ": the tasks share them");
+    return;
+  }
+  if (o.share_gpcs.empty() || t == nullptr) return;
+  // A suggestion of the same size inside GPCs no other partition touches.
+  std::string alt;
+  topo::PlacementRequest req;
+  req.count = p.tpcs.size();
+  for (const topo::GpcInfo& g : t->gpcs) {
+    bool used = false;
+    for (LogicalTpcId x : g.tpcs)
+      for (const Holder& h : others) used = used || h.tpcs.contains(x);
+    if (!used)
+      for (LogicalTpcId x : g.tpcs) req.pool.insert(x);
+  }
+  if (const auto c = topo::choose_tpcs(*t, req)) alt = "; GPCs no other task uses hold the same size: -t " +
+                                                       format_list(c->tpcs.bits);
+  warnings->push_back(phrase_of(p) + " shares GPC " + format_list(o.common_gpcs.bits) + " with pid " +
+                      pids(o.share_gpcs) + ": partitions that share a GPC do not isolate each other" + alt);
+}
+
 LogicalTpcSet checked_tpcs(const std::vector<unsigned>& ids, const topo::DeviceInfo& dev) {
   const unsigned n = dev.tpc_count();
   for (unsigned id : ids)
@@ -109,13 +198,23 @@ LogicalTpcSet checked_tpcs(const std::vector<unsigned>& ids, const topo::DeviceI
 
 // Turns a request into a partition for `dev`. Every check happens here,
 // before anything is started or changed. A warning about the partition (the
-// cluster sizes it cannot host) goes to *warning, for the caller to print
+// cluster sizes it cannot host, the TPCs or GPCs it shares) go to *warnings,
+// for the caller to print
 // once the change is certain.
-Partition build_partition(const Request& r, const topo::DeviceInfo& dev, Devices& devices, std::string* warning) {
+Partition build_partition(const Request& r, const topo::DeviceInfo& dev, Devices& devices,
+                          std::vector<std::string>* warnings, const Sharing& sh) {
   Partition p;
   p.kind = r.kind;
+  const std::vector<Holder> others = holders_on(sh.status, dev, devices.known_topology(dev), sh.exclude);
   switch (r.kind) {
     case SpecKind::kTpcList:
+      if (!r.count.empty()) {
+        const topo::Topology& t = devices.topology(dev);
+        p.tpcs = choose_by_count(r, dev, t, sh, others, warnings);
+        p.enabled = topo::to_physical(t, p.tpcs);
+        break;
+      }
+      [[fallthrough]];
     case SpecKind::kTpcMask: {
       const std::vector<unsigned> ids =
           r.kind == SpecKind::kTpcList ? parse_list(r.text, "TPC") : parse_mask(r.text, "TPC").indices();
@@ -151,7 +250,10 @@ Partition build_partition(const Request& r, const topo::DeviceInfo& dev, Devices
     case SpecKind::kNone:
       break;
   }
-  if (r.kind != SpecKind::kPhysical && r.kind != SpecKind::kNone) *warning = devices.cluster_warning(dev, p.tpcs);
+  if (r.kind != SpecKind::kPhysical && r.kind != SpecKind::kNone)
+    if (std::string w = devices.cluster_warning(dev, p.tpcs); !w.empty()) warnings->push_back(w);
+  check_sharing(p, dev, r.kind == SpecKind::kPhysical ? devices.known_topology(dev) : &devices.topology(dev), sh,
+                others, warnings);
   // What the shim checks clustered launches against (never computed in the
   // launch callback). A --physical mask on an unknown layout stays unchecked.
   const topo::Topology* t =
@@ -173,6 +275,7 @@ std::string phrase(const Partition& p) {
   if (!p.tpcs.empty()) return "TPCs " + format_list(p.tpcs.bits);
   return "physical mask " + p.enabled.bits.to_hex();
 }
+std::string phrase_of(const Partition& p) { return phrase(p); }
 
 // How a partition is shown in the form the user asked about: a GPC list
 // only for a partition that was set as one; anything else as TPCs.
@@ -269,7 +372,32 @@ struct Options {
   bool calibrate = false;
   std::string topology_file;
   std::string system_wide;
+  bool spread = false;     // -n: spread over GPCs instead of packing
+  bool exclusive = false;  // refuse overlapping other live partitions
+  bool verbose = false;
+  bool status = false;
+  bool all_tasks = false;  // -a: with -p, the task and its descendants
 };
+
+// The sharing context of a launch or change: the public status of the other
+// tasks. `-n` and `--exclusive` choose and publish under the status lock, so
+// two of them at once never take the same TPCs.
+Sharing sharing_for(const Options& o, std::set<pid_t> exclude) {
+  Sharing sh;
+  sh.status = ctl::read_status();
+  sh.exclude = std::move(exclude);
+  sh.spread = o.spread;
+  sh.exclusive = o.exclusive;
+  sh.verbose = o.verbose;
+  return sh;
+}
+
+bool wants_status_lock(const Options& o) {
+  if (o.exclusive) return true;
+  for (const Request& r : o.requests)
+    if (!r.count.empty()) return true;
+  return false;
+}
 
 // A CUDA driver named in LD_PRELOAD is loaded before anything else, so the
 // task would bind libcuda.so.1 to it and never load the shim: every kernel
@@ -300,7 +428,10 @@ void check_syntax(const Options& o) {
     else if (kind == SpecKind::kTpcMask) parse_mask(text, "TPC");
     else if (kind == SpecKind::kPhysical) parse_mask(text, "physical");
   };
-  for (const Request& r : o.requests) check(r.kind, r.text);
+  for (const Request& r : o.requests) {
+    if (!r.count.empty()) parse_count(r.count);
+    else check(r.kind, r.text);
+  }
   // A mask given as the first positional, where do_launch and do_pid take one.
   const bool wants_mask = o.requests.empty() || o.requests.back().kind == SpecKind::kNone;
   if (wants_mask && (o.pid_mode ? o.positionals.size() == 2 : !o.positionals.empty()))
@@ -312,7 +443,7 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
   std::size_t first_cmd = 0;
   if (requests.empty()) {
     if (o.positionals.empty()) throw Failure("no TPC mask or list given (see --help)");
-    requests.push_back({"", SpecKind::kTpcMask, o.positionals[0]});
+    requests.push_back({"", SpecKind::kTpcMask, o.positionals[0], ""});
     first_cmd = 1;
   } else if (requests.back().kind == SpecKind::kNone) {
     // "-d X" last, with the mask as the first positional.
@@ -330,20 +461,33 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
                   " next to nvtaskset; set NVTASKSET_SHIM_DIR)");
   refuse_preloaded_driver(env);
   Devices devices(shim_copies(shim_dir), o.topology_file);
+  // Held until exec (the descriptor is close-on-exec), after the entry below
+  // is published.
+  std::optional<ctl::StatusLock> lock;
+  if (wants_status_lock(o)) {
+    lock.emplace();
+    if (!lock->acquired())
+      throw Failure("cannot lock " + ctl::status_dir() + "/nvtaskset-status.lock to choose TPCs others do not hold");
+  }
+  const Sharing sh = sharing_for(o, {::getpid()});
 
   if (requests.size() > ctl::kMaxDevices)
     throw Failure("at most " + std::to_string(ctl::kMaxDevices) + " GPUs can be partitioned per task");
   std::vector<DevicePartition> parts;
+  std::vector<std::string> warnings;  // printed once every check passed
   for (const Request& r : requests) {
     if (r.kind == SpecKind::kNone) throw Failure("-d " + r.device + " has no TPC or GPC list");
     const topo::DeviceInfo& dev = devices.select(r.device);
     for (const auto& prev : parts)
       if (prev.device == dev.uuid) throw Failure("two partitions given for " + device_label(dev));
-    std::string warning;
-    parts.push_back({dev.uuid, build_partition(r, dev, devices, &warning), describe_device(dev)});
-    if (!warning.empty()) spdlog::warn("{}", warning);
+    parts.push_back({dev.uuid, build_partition(r, dev, devices, &warnings, sh), describe_device(dev)});
   }
+  for (const std::string& w : warnings) spdlog::warn("{}", w);
 
+  // The public entry, before exec (which keeps the PID and start time): the
+  // next `-n` must see these TPCs taken even before the task loads CUDA.
+  if (const std::string why = ctl::publish_status(::getpid(), parts); !why.empty())
+    spdlog::debug("no status entry: {}", why);
   devices.restore_environment();
   if (!o.no_mps) {
     scrub_shim_environment(shim_dir);
@@ -375,30 +519,68 @@ void check_hosts_clusters(pid_t pid, const Partition& next, std::uint32_t launch
                 " SMs of one GPC; not changed");
 }
 
-int do_pid(const Options& o) {
-  std::vector<Request> requests = o.requests;
-  std::vector<std::string> pos = o.positionals;
-  if (requests.empty() && pos.size() == 2) {
-    requests.push_back({"", SpecKind::kTpcMask, pos[0]});
-    pos.erase(pos.begin());
-  } else if (!requests.empty() && requests.back().kind == SpecKind::kNone && pos.size() == 2) {
-    requests.back().kind = SpecKind::kTpcMask;
-    requests.back().text = pos[0];
-    pos.erase(pos.begin());
+// One task's part of a -p: its region, what it has, what it gets.
+struct Step {
+  const topo::DeviceInfo* dev;
+  Partition cur, next;
+  SpecKind form;
+  bool change;
+};
+struct TaskPlan {
+  pid_t pid;
+  std::unique_ptr<ctl::Region> region;
+  TaskStats stats;
+  std::vector<Step> steps;
+  std::vector<std::string> warnings;  // printed once every check passed
+};
+
+// The descendants of `pid` (children, their children, ...) from /proc, in
+// the order found; those that end meanwhile simply drop out later.
+std::vector<pid_t> descendants(pid_t pid) {
+  std::map<pid_t, std::vector<pid_t>> children;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator("/proc", ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream f(e.path() / "stat");
+    std::string line;
+    if (!std::getline(f, line)) continue;
+    const auto close = line.rfind(')');
+    if (close == std::string::npos || close + 4 > line.size()) continue;
+    std::istringstream rest(line.substr(close + 2));
+    std::string state;
+    long ppid = 0;
+    if (rest >> state >> ppid) children[static_cast<pid_t>(ppid)].push_back(static_cast<pid_t>(std::stol(name)));
   }
-  if (pos.size() != 1) throw Failure("-p takes [MASK | -t LIST | -g LIST | --physical MASK] PID (see --help)");
-  const pid_t pid = parse_pid(pos[0]);
-  const auto region = ctl::Region::attach(pid);
+  std::vector<pid_t> out;
+  std::vector<pid_t> todo{pid};
+  std::set<pid_t> seen{pid};
+  while (!todo.empty()) {
+    const pid_t p = todo.back();
+    todo.pop_back();
+    for (pid_t c : children[p])
+      if (seen.insert(c).second) {
+        out.push_back(c);
+        todo.push_back(c);
+      }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Checks one task and works out its change; writes nothing. With `like`,
+// the task gets `like`'s new partitions (-a: the family follows its root).
+TaskPlan plan_task(const Options& o, pid_t pid, std::unique_ptr<ctl::Region> region,
+                   const std::vector<Request>& requests, Devices& devices, Sharing& sh, const TaskPlan* like) {
+  TaskPlan plan{pid, std::move(region), {}, {}};
   const std::string corrupt = "control region of pid " + std::to_string(pid) + " is corrupt: ";
-  if (const std::string why = ctl::validate(region->header()); !why.empty()) throw Failure(corrupt + why);
-  const std::vector<DevicePartition> current = region->read_all();
-  const TaskStats stats = task_stats(region->header());
+  if (const std::string why = ctl::validate(plan.region->header()); !why.empty()) throw Failure(corrupt + why);
+  const std::vector<DevicePartition> current = plan.region->read_all();
+  plan.stats = task_stats(plan.region->header());
   // A partition the task cannot apply must never be reported (or set) as if
   // it held.
-  if (const std::string why = ctl::cannot_apply(region->header()); !why.empty())
+  if (const std::string why = ctl::cannot_apply(plan.region->header()); !why.empty())
     throw Failure("pid " + std::to_string(pid) + " runs on all TPCs: " + why);
-
-  Devices devices(shim_copies(o.shim_dir), o.topology_file);
 
   // Without -d: the device the task was partitioned on, if exactly one.
   auto default_device = [&]() -> const topo::DeviceInfo& {
@@ -413,21 +595,10 @@ int do_pid(const Options& o) {
     }
     return devices.select("");
   };
-  if (requests.empty()) requests.push_back({"", SpecKind::kNone, ""});
-  const bool query = requests.size() == 1 && requests[0].kind == SpecKind::kNone;
-  if (o.json && !query) throw Failure("--json with -p only queries: give no new list");
-  if (!o.show.empty() && !query) throw Failure("--show with -p only queries: give no new list");
-
-  // Every request is checked before any is written: a change is all or nothing.
-  struct Step {
-    const topo::DeviceInfo* dev;
-    Partition cur, next;
-    SpecKind form;
-    bool change;
-  };
-  std::vector<Step> steps;
-  for (const Request& r : requests) {
-    const topo::DeviceInfo& dev = r.device.empty() ? default_device() : devices.select(r.device);
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const Request& r = requests[i];
+    const topo::DeviceInfo& dev =
+        like != nullptr ? *like->steps[i].dev : r.device.empty() ? default_device() : devices.select(r.device);
     Step st{&dev, {}, {}, r.kind, r.kind != SpecKind::kNone};
     if (const DevicePartition* dp = ctl::applied_to(current, dev.uuid)) st.cur = dp->partition;
     // What is shown must be what the kernels get: the logical view the
@@ -457,51 +628,65 @@ int do_pid(const Options& o) {
       st.form = st.cur.kind == SpecKind::kPhysical || st.cur.kind == SpecKind::kGpcList ? st.cur.kind
                                                                                          : SpecKind::kTpcList;
     if (st.change) {
-      std::string warning;
-      st.next = build_partition(r, dev, devices, &warning);
-      check_hosts_clusters(pid, st.next, stats.max_cluster);
-      if (!warning.empty()) spdlog::warn("{}", warning);
+      if (like != nullptr) {
+        st.next = like->steps[i].next;
+      } else {
+        // -n on a live task keeps what it can of its current TPCs.
+        if (st.cur.active()) sh.keep[dev.uuid] = st.cur.tpcs;
+        st.next = build_partition(r, dev, devices, &plan.warnings, sh);
+      }
+      check_hosts_clusters(pid, st.next, plan.stats.max_cluster);
     }
-    steps.push_back(st);
+    plan.steps.push_back(st);
   }
+  return plan;
+}
 
-  if (o.json) {
-    const Step& st = steps[0];
-    nlohmann::json j;
-    j["pid"] = pid;
-    j["device"] = uuid_to_string(st.dev->uuid);
-    j["partitioned"] = st.cur.active();
-    j["kind"] = form_name(shown_form(st.cur, st.form));
-    j["tpcs"] = describe(st.cur, SpecKind::kTpcList, *st.dev, devices);
-    if (st.cur.kind == SpecKind::kGpcList) j["gpcs"] = format_list(st.cur.gpcs.bits);
-    j["physical_mask"] = describe(st.cur, SpecKind::kPhysical, *st.dev, devices);
-    j["max_cluster_hosted"] = st.cur.max_cluster;
-    j["max_cluster"] = stats.max_cluster;
-    j["kernels_launched"] = stats.kernels_launched;
-    j["graphs_following"] = stats.graphs_following;
-    j["graphs_not_following"] = stats.graphs_not_following;
-    j["stale_reads"] = stats.stale_reads;
-    j["kernels_unmasked"] = stats.kernels_unmasked;
-    std::printf("%s\n", j.dump(2).c_str());
-    return 0;
-  }
+nlohmann::json plan_json(const TaskPlan& p, Devices& devices) {
+  const Step& st = p.steps[0];
+  nlohmann::json j;
+  j["pid"] = p.pid;
+  j["device"] = uuid_to_string(st.dev->uuid);
+  j["partitioned"] = st.cur.active();
+  j["kind"] = form_name(shown_form(st.cur, st.form));
+  j["tpcs"] = describe(st.cur, SpecKind::kTpcList, *st.dev, devices);
+  if (st.cur.kind == SpecKind::kGpcList) j["gpcs"] = format_list(st.cur.gpcs.bits);
+  j["physical_mask"] = describe(st.cur, SpecKind::kPhysical, *st.dev, devices);
+  j["max_cluster_hosted"] = st.cur.max_cluster;
+  j["max_cluster"] = p.stats.max_cluster;
+  j["kernels_launched"] = p.stats.kernels_launched;
+  j["graphs_following"] = p.stats.graphs_following;
+  j["graphs_not_following"] = p.stats.graphs_not_following;
+  j["stale_reads"] = p.stats.stale_reads;
+  j["kernels_unmasked"] = p.stats.kernels_unmasked;
+  return j;
+}
 
-  for (const Step& st : steps) {
-    const std::string dev_note = steps.size() > 1 ? " on " + device_label(*st.dev) : std::string();
+// Prints a planned query or applies a planned change, taskset's way.
+void carry_out(const TaskPlan& plan, bool query, Devices& devices) {
+  const pid_t pid = plan.pid;
+  for (const Step& st : plan.steps) {
+    const std::string dev_note = plan.steps.size() > 1 ? " on " + device_label(*st.dev) : std::string();
     if (!st.change) {
       std::printf("pid %d's current %s%s: %s\n", pid, form_name(shown_form(st.cur, st.form)), dev_note.c_str(),
                   describe(st.cur, st.form, *st.dev, devices).c_str());
       continue;
     }
     const std::string before = describe(st.cur, st.form, *st.dev, devices);
-    region->write({st.dev->uuid, st.next, describe_device(*st.dev)});
+    plan.region->write({st.dev->uuid, st.next, describe_device(*st.dev)});
     std::printf("pid %d's current %s%s: %s\n", pid, form_name(shown_form(st.cur, st.form)), dev_note.c_str(),
                 before.c_str());
     std::printf("pid %d's new %s%s: %s\n", pid, form_name(st.form), dev_note.c_str(),
                 describe(st.next, st.form, *st.dev, devices).c_str());
   }
+  if (!query) {
+    // The public entry follows the region.
+    if (const std::string why = ctl::publish_status(pid, plan.region->read_all()); !why.empty())
+      spdlog::debug("pid {}: no status entry: {}", pid, why);
+  }
   // A query says more only when there is more to say, so a plain task's
   // answer stays taskset's one line.
+  const TaskStats& stats = plan.stats;
   if (query && stats.graphs_following + stats.graphs_not_following > 0)
     std::printf("pid %d's CUDA graphs: %llu follow the partition, %llu cannot\n", pid,
                 static_cast<unsigned long long>(stats.graphs_following),
@@ -511,6 +696,73 @@ int do_pid(const Options& o) {
     spdlog::warn("pid {} has {} CUDA graph exec(s) that cannot follow partition changes: their kernels keep the TPCs "
                  "they were encoded with until the program instantiates them again",
                  pid, stats.graphs_not_following);
+}
+
+int do_pid(const Options& o) {
+  std::vector<Request> requests = o.requests;
+  std::vector<std::string> pos = o.positionals;
+  if (requests.empty() && pos.size() == 2) {
+    requests.push_back({"", SpecKind::kTpcMask, pos[0], ""});
+    pos.erase(pos.begin());
+  } else if (!requests.empty() && requests.back().kind == SpecKind::kNone && pos.size() == 2) {
+    requests.back().kind = SpecKind::kTpcMask;
+    requests.back().text = pos[0];
+    pos.erase(pos.begin());
+  }
+  if (pos.size() != 1) throw Failure("-p takes [MASK | -t LIST | -g LIST | -n COUNT | --physical MASK] PID (see --help)");
+  const pid_t pid = parse_pid(pos[0]);
+  if (requests.empty()) requests.push_back({"", SpecKind::kNone, "", ""});
+  const bool query = requests.size() == 1 && requests[0].kind == SpecKind::kNone;
+  if (o.json && !query) throw Failure("--json with -p only queries: give no new list");
+  if (!o.show.empty() && !query) throw Failure("--show with -p only queries: give no new list");
+
+  // The task first (its errors are the user's answer), then with -a every
+  // descendant that runs under the shim; one that ended meanwhile, or never
+  // loaded the shim, is not part of the family.
+  std::vector<std::pair<pid_t, std::unique_ptr<ctl::Region>>> family;
+  family.emplace_back(pid, ctl::Region::attach(pid));
+  std::set<pid_t> members{pid};
+  if (o.all_tasks) {
+    for (pid_t d : descendants(pid)) {
+      try {
+        family.emplace_back(d, ctl::Region::attach(d));
+        members.insert(d);
+      } catch (const ctl::Error& e) {
+        const std::string why = e.what();
+        if (why.find("not running under nvtaskset") == std::string::npos &&
+            why.find("no such process") == std::string::npos)
+          throw Failure(why);
+      }
+    }
+  }
+  std::optional<ctl::StatusLock> lock;
+  if (!query && wants_status_lock(o)) {
+    lock.emplace();
+    if (!lock->acquired())
+      throw Failure("cannot lock " + ctl::status_dir() + "/nvtaskset-status.lock to choose TPCs others do not hold");
+  }
+  Sharing sh = query ? Sharing{} : sharing_for(o, members);
+  Devices devices(shim_copies(o.shim_dir), o.topology_file);
+
+  // Every task and every request is checked before anything is written: a
+  // change is all or nothing.
+  std::vector<TaskPlan> plans;
+  for (auto& [p, region] : family)
+    plans.push_back(plan_task(o, p, std::move(region), requests, devices, sh, plans.empty() ? nullptr : &plans[0]));
+
+  if (o.json) {
+    if (!o.all_tasks) {
+      std::printf("%s\n", plan_json(plans[0], devices).dump(2).c_str());
+    } else {
+      nlohmann::json a = nlohmann::json::array();
+      for (const TaskPlan& p : plans) a.push_back(plan_json(p, devices));
+      std::printf("%s\n", a.dump(2).c_str());
+    }
+    return 0;
+  }
+  for (const TaskPlan& p : plans)
+    for (const std::string& w : p.warnings) spdlog::warn("{}", w);
+  for (const TaskPlan& p : plans) carry_out(p, query, devices);
   return 0;
 }
 
@@ -521,8 +773,10 @@ const char* kUsage =
     "  nvtaskset [options] MASK COMMAND [ARG...]\n"
     "  nvtaskset [options] -t LIST COMMAND [ARG...]\n"
     "  nvtaskset [options] -g LIST COMMAND [ARG...]\n"
-    "  nvtaskset -p [MASK | -t LIST | -g LIST | --physical MASK] PID\n"
-    "  nvtaskset -p [--show list|mask|gpcs|physical | --json] PID\n"
+    "  nvtaskset [options] -n COUNT [--spread] [--exclusive] COMMAND [ARG...]\n"
+    "  nvtaskset -p [-a] [MASK | -t LIST | -g LIST | -n COUNT | --physical MASK] PID\n"
+    "  nvtaskset -p [-a] [--show list|mask|gpcs|physical | --json] PID\n"
+    "  nvtaskset --status [--json]\n"
     "  nvtaskset --topology [--json] | --calibrate [--json] | --system-wide enable|disable|status\n";
 
 const char* kDescription =
@@ -538,9 +792,14 @@ const char* kExamples =
     "  nvtaskset -t 0-7 ./detector           run on TPCs 0-7\n"
     "  nvtaskset 0xff00 ./planner            a hex mask over TPC IDs: TPCs 8-15\n"
     "  nvtaskset -g 1-2 python3 train.py     every TPC of GPCs 1 and 2\n"
+    "  nvtaskset -n 16 ./detector            16 TPCs chosen for you: whole GPCs first\n"
+    "  nvtaskset -n 16 --exclusive ./planner 16 TPCs no other live partition holds, or fail\n"
+    "  nvtaskset --status                    every partitioned task: who holds which TPCs\n"
     "  nvtaskset -d 1 -t 0-15 ./task         on GPU 1 (index, UUID or PCI bus id)\n"
     "  nvtaskset -p 4242                     show pid 4242's TPCs\n"
     "  nvtaskset -p -t 0-3 4242              move pid 4242 to TPCs 0-3, live\n"
+    "  nvtaskset -p -n 8 4242                shrink pid 4242 to 8 TPCs, keeping TPCs it has\n"
+    "  nvtaskset -a -p -t 0-7 4242           pid 4242 and every process it started\n"
     "  nvtaskset -p --show mask 4242         the same, as a hex mask over TPC IDs\n"
     "  nvtaskset -p --json 4242              the same query as JSON, with graph and cluster counts\n"
     "  nvtaskset --topology                  GPCs, TPCs and mask bits of each GPU\n";
@@ -623,12 +882,22 @@ int run(int argc, char** argv) {
   CLI::App app{kDescription, "nvtaskset"};
   app.set_version_flag("-V,--version", version_text());
   Options o;
-  std::vector<std::string> tpc_lists, gpc_lists, physicals, device_specs;
+  std::vector<std::string> tpc_lists, gpc_lists, physicals, device_specs, counts;
   auto one_each = [](CLI::Option* opt) {
     return opt->allow_extra_args(false)->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   };
   auto* opt_t = one_each(app.add_option("-t,--tpc-list", tpc_lists, "logical TPC list, e.g. 0-7,12"))->type_name("LIST");
   auto* opt_g = one_each(app.add_option("-g,--gpc-list", gpc_lists, "GPC list: all TPCs of these GPCs"))->type_name("LIST");
+  auto* opt_n = one_each(app.add_option("-n,--count", counts,
+                                        "COUNT TPCs chosen for you: whole GPCs first (see --spread), avoiding TPCs "
+                                        "other live partitions hold"))
+                    ->type_name("COUNT");
+  app.add_flag("--spread", o.spread, "with -n: spread the TPCs evenly over the GPCs instead of packing them");
+  app.add_flag("--exclusive", o.exclusive,
+               "fail if the partition would share TPCs with another live partition on the GPU");
+  app.add_flag("-a,--all-tasks", o.all_tasks, "with -p: the task and every process it started that runs under nvtaskset");
+  app.add_flag("--status", o.status, "list every partitioned task on this machine (with --json: as JSON)");
+  app.add_flag("-v,--verbose", o.verbose, "say which TPCs -n chose");
   auto* opt_phys = one_each(app.add_option("--physical", physicals,
                                            "UNSAFE expert mode: enable mask over raw TMD mask bits, untranslated; a "
                                            "mask that enables no working TPC hangs every kernel"))
@@ -639,7 +908,7 @@ int run(int argc, char** argv) {
   app.add_flag("-p,--pid", o.pid_mode, "query or change the TPCs of the running process PID");
   app.add_flag("--no-mps", o.no_mps, "do not start or require the MPS control daemon");
   app.add_flag("--topology", o.show_topology, "print each GPU's GPCs, TPCs, SMs and mask bits");
-  app.add_flag("--json", o.json, "with --topology, --calibrate or a -p query: print JSON");
+  app.add_flag("--json", o.json, "with --topology, --calibrate, --status or a -p query: print JSON");
   app.add_flag("--calibrate", o.calibrate, "(re)discover the layout of every visible GPU");
   app.add_option("--show", o.show,
                  "with a -p query: print the TPCs as a list, a hex mask, GPCs (when set as GPCs) or physical "
@@ -670,20 +939,21 @@ int run(int argc, char** argv) {
 
   try {
     // Pair each list with the -d that precedes it.
-    std::size_t it = 0, ig = 0, ip = 0, id = 0;
+    std::size_t it = 0, ig = 0, ip = 0, id = 0, in = 0;
     std::string device;
     for (const CLI::Option* opt : app.parse_order()) {
       if (opt == opt_d) {
         if (!o.requests.empty() && o.requests.back().kind == SpecKind::kNone)
           throw Failure("-d " + o.requests.back().device + " has no TPC or GPC list");
         device = device_specs[id++];
-        o.requests.push_back({device, SpecKind::kNone, ""});
+        o.requests.push_back({device, SpecKind::kNone, "", ""});
         continue;
       }
-      Request r{device, SpecKind::kNone, ""};
-      if (opt == opt_t) r = {device, SpecKind::kTpcList, tpc_lists[it++]};
-      else if (opt == opt_g) r = {device, SpecKind::kGpcList, gpc_lists[ig++]};
-      else if (opt == opt_phys) r = {device, SpecKind::kPhysical, physicals[ip++]};
+      Request r{device, SpecKind::kNone, "", ""};
+      if (opt == opt_t) r = {device, SpecKind::kTpcList, tpc_lists[it++], ""};
+      else if (opt == opt_g) r = {device, SpecKind::kGpcList, gpc_lists[ig++], ""};
+      else if (opt == opt_phys) r = {device, SpecKind::kPhysical, physicals[ip++], ""};
+      else if (opt == opt_n) r = {device, SpecKind::kTpcList, "", counts[in++]};
       else continue;
       if (!o.requests.empty() && o.requests.back().kind == SpecKind::kNone && o.requests.back().device == device)
         o.requests.back() = r;
@@ -700,6 +970,14 @@ int run(int argc, char** argv) {
     }
 
     if (!o.show.empty() && !o.pid_mode) throw Failure("--show goes with -p");
+    if (o.all_tasks && !o.pid_mode) throw Failure("-a goes with -p");
+    if (o.spread && counts.empty()) throw Failure("--spread goes with -n");
+    if (o.status) {
+      if (o.pid_mode || !o.requests.empty() || !o.positionals.empty())
+        throw Failure("--status takes no list, PID or command");
+      Devices devices(shim_copies(find_shim_dir(self_exe())), o.topology_file);
+      return print_status(devices, o.json);
+    }
     o.shim_dir = find_shim_dir(self_exe());
     if (!o.system_wide.empty()) return system_wide(o.system_wide, o.shim_dir);
     if (o.show_topology || o.calibrate) {
@@ -708,7 +986,7 @@ int run(int argc, char** argv) {
     }
     check_syntax(o);
     if (o.pid_mode) return do_pid(o);
-    if (o.json) throw Failure("--json goes with --topology, --calibrate or -p");
+    if (o.json) throw Failure("--json goes with --topology, --calibrate, --status or -p");
     return do_launch(o, env);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "nvtaskset: %s\n", e.what());

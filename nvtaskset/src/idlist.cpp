@@ -142,7 +142,20 @@ pid_t parse_pid(std::string_view text) {
   if (v > kMaxPid) throw bad("larger than any pid (" + std::to_string(kMaxPid) + ")");
   return static_cast<pid_t>(v);
 }
-
+unsigned parse_count(std::string_view text) {
+  auto bad = [&](std::string_view why) {
+    return ParseError("invalid TPC count '" + printable(text) + "': " + std::string(why));
+  };
+  if (text.empty()) throw bad("empty");
+  unsigned v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') throw bad("not a decimal number");
+    if (v <= Bits128::kSize) v = v * 10 + static_cast<unsigned>(c - '0');  // bounded: no overflow
+  }
+  if (v == 0) throw bad("at least 1 TPC");
+  if (v > Bits128::kSize) throw bad("more than any GPU has (at most " + std::to_string(Bits128::kSize) + ")");
+  return v;
+}
 
 Bits128 to_bits(const std::vector<unsigned>& ids, std::string_view what) {
   Bits128 b;

@@ -50,6 +50,7 @@
 #include "nvtaskset/launch_hook.hpp"
 #include "nvtaskset/log_level.hpp"
 #include "nvtaskset/options.hpp"
+#include "nvtaskset/status.hpp"
 #include "nvtaskset/partition.hpp"
 #include "nvtaskset/tmd.hpp"
 #include "graphs.hpp"
@@ -107,6 +108,8 @@ constinit ctl::Header g_local_header{};
 std::atomic<bool> g_warn_unsupported{false};      // NVTASKSET_ON_UNSUPPORTED=warn
 std::atomic<bool> g_unsupported_reported{false};  // the one message was written
 std::atomic<bool> g_widen_clusters{false};        // NVTASKSET_ON_CLUSTER_MISFIT=widen
+// This image published a status entry for its process (withdrawn at exit).
+std::atomic<bool> g_published{false};
 std::atomic<bool> g_widen_reported{false};
 std::atomic<bool> g_unmasked_reported{false};
 std::atomic<bool> g_stale_reported{false};
@@ -628,7 +631,10 @@ void log_cluster_sizes() {
 
 // The region needs no cleanup: it is an anonymous memory file that goes
 // away with the process.
-void at_exit() { log_cluster_sizes(); }
+void at_exit() {
+  log_cluster_sizes();
+  if (g_published.load(std::memory_order_relaxed)) ctl::withdraw_status(::getpid());
+}
 
 void atfork_prepare() { pthread_mutex_lock(&g_log_mu); }
 void atfork_parent() { pthread_mutex_unlock(&g_log_mu); }
@@ -766,6 +772,15 @@ void run_init() {
   }
   const bool active = any_active(current);
   log(spdlog::level::info, "partition: {}", describe(current));
+  // The public status entry (status.hpp), for `nvtaskset --status` and the
+  // TPCs `-n` avoids. The CLI wrote one before it exec'd this task; this one
+  // also covers processes that inherited the partition across fork()+exec().
+  if (active) {
+    if (const std::string why = ctl::publish_status(::getpid(), current); !why.empty())
+      log(spdlog::level::debug, "no status entry: {}", why);
+    else
+      g_published.store(true, std::memory_order_relaxed);
+  }
 
   // What the callback needs to tell devices apart (cuda.h: cuCtxGetDevice,
   // cuDeviceGetUuid_v2, else the older cuDeviceGetUuid with the same layout).

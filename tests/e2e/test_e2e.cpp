@@ -38,6 +38,8 @@
 #include <pwd.h>
 #include <sys/mman.h>
 
+#include <nlohmann/json.hpp>
+
 #include "nvtaskset/control_region.hpp"
 
 extern char** environ;
@@ -239,6 +241,10 @@ class E2E : public ::testing::Test {
     dir_ = tmpl;
     record_ = path("record");
     fs::create_directories(path("tmp"));
+    // The public status entries of this test's tasks (control/status.hpp):
+    // sticky and world-writable, as /dev/shm, for the second-user tests.
+    fs::create_directories(path("status"));
+    ::chmod(path("status").c_str(), 01777);
     env_ = base_env();
   }
 
@@ -279,6 +285,7 @@ class E2E : public ::testing::Test {
     e["CUDA_MPS_PIPE_DIRECTORY"] = path("mps-pipe");
     e["CUDA_MPS_LOG_DIRECTORY"] = path("mps-log");
     e["NVTASKSET_MPS_CONTROL"] = path("no-such-mps-control");
+    e["NVTASKSET_STATUS_DIR"] = path("status");
     return e;
   }
 
@@ -2038,3 +2045,213 @@ TEST_F(E2E, LogLevelIsCaseInsensitiveAndUnknownLevelsWarn) {
 }
 
 }  // namespace
+
+// --- 19: sharing a GPU: -n, --exclusive, --status, -a ------------------------------------------
+// On the Hopper-like layout of TopologyFile: GPC 0 = TPCs 0,2,4,6; GPC 1 =
+// 1,3,5; TPC 7 of unknown GPC.
+
+class Sharing : public TopologyFile {
+ protected:
+  void SetUp() override {
+    TopologyFile::SetUp();
+    env_["NVTASKSET_TOPOLOGY"] = file_;
+    // Another user must reach the status directory, as it reaches /dev/shm.
+    ::chmod(dir_.c_str(), 0711);
+  }
+  // A task that launches a kernel every 5 ms until told to stop.
+  long start_task(const std::vector<std::string>& options, const std::string& tag, Proc** out = nullptr,
+                  const std::vector<std::string>& launcher_args = {}) {
+    std::vector<std::string> argv{kCli, "--no-mps"};
+    argv.insert(argv.end(), options.begin(), options.end());
+    argv.insert(argv.end(), {kLauncher, "--until-file", path("until"), "--interval-ms", "5", "--ready-file",
+                             path("ready." + tag)});
+    argv.insert(argv.end(), launcher_args.begin(), launcher_args.end());
+    Proc& p = start(argv, env_);
+    tasks_.push_back(&p);
+    if (out) *out = &p;
+    return wait_ready(path("ready." + tag), p);
+  }
+  void stop_all() {
+    touch(path("until"));
+    for (Proc* p : tasks_) EXPECT_TRUE(ExitedWith(p->wait(), 0)) << p->command;
+  }
+  std::vector<Proc*> tasks_;
+  std::string mask_of(long pid) {
+    const std::size_t before = records().size();
+    const auto recs = records_after(pid, before, 1, 2);
+    return recs.empty() ? std::string("none") : recs.back().mask;
+  }
+};
+
+TEST_F(Sharing, CountPacksWholeGpcsAndAvoidsTpcsOthersHold) {
+  // 4 TPCs: GPC 0 whole (clusters of 8), not the striped 0-3.
+  const long a = start_task({"-v", "-n", "4"}, "a");
+  ASSERT_GT(a, 0);
+  EXPECT_EQ(mask_of(a), hopper_disable({0, 2, 4, 6}));
+  EXPECT_EQ(run({kCli, "-p", std::to_string(a)}).out, pid_line(a, "current TPC list", "0,2,4,6"));
+  // The next -n 3 takes GPC 1, which no one holds.
+  const long b = start_task({"-n", "3"}, "b");
+  ASSERT_GT(b, 0);
+  EXPECT_EQ(mask_of(b), hopper_disable({1, 3, 5}));
+  // Two left free of 8... one, TPC 7: --exclusive refuses -n 2, one line, no kernel.
+  const Result r = run({kCli, "--no-mps", "--exclusive", "-n", "2", kLauncher, "--kernels", "1"});
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  EXPECT_NE(r.err.find("only 1 of 8 TPCs of device 0 are free"), std::string::npos) << r;
+  // Without --exclusive it runs, sharing, and says so.
+  const Result s = run({kCli, "--no-mps", "-n", "2", kLauncher, "--kernels", "1"});
+  EXPECT_TRUE(ExitedWith(s, 0)) << s;
+  EXPECT_NE(s.err.find("-n 2: only 1 of 8 TPCs of device 0 are free"), std::string::npos) << s;
+  stop_all();
+}
+
+TEST_F(Sharing, SpreadTakesOneTpcPerGpcFirst) {
+  const long a = start_task({"-n", "2", "--spread"}, "a");
+  ASSERT_GT(a, 0);
+  EXPECT_EQ(run({kCli, "-p", std::to_string(a)}).out, pid_line(a, "current TPC list", "0-1"));
+  stop_all();
+  const Result r = run({kCli, "--no-mps", "--spread", "-t", "0", "true"});
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+}
+
+TEST_F(Sharing, CountIsValidatedBeforeAnythingRuns) {
+  const std::string marker = path("marker");
+  for (const std::string bad : {"0", "9", "-1", "1x", "", "129", "99999999999999999999"}) {
+    const Result r = run({kCli, "--no-mps", "-n", bad, "touch", marker});
+    EXPECT_TRUE(FailedWithOneLine(r)) << bad << ": " << r;
+    EXPECT_FALSE(exists(marker)) << bad;
+  }
+  const Result r = run({kCli, "--no-mps", "-n", "9", "touch", marker});
+  EXPECT_NE(r.err.find("device 0 has 8 TPCs"), std::string::npos) << r;
+}
+
+TEST_F(Sharing, ExclusiveRefusesOverlapAndSharedGpcsAreNamed) {
+  const long a = start_task({"-t", "0,2"}, "a");
+  ASSERT_GT(a, 0);
+  // Overlap: refused under --exclusive, at launch and on -p.
+  const std::string marker = path("marker");
+  Result r = run({kCli, "--no-mps", "--exclusive", "-t", "2-3", "touch", marker});
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  EXPECT_NE(r.err.find("TPCs 2 of device 0 are held by pid " + std::to_string(a)), std::string::npos) << r;
+  EXPECT_FALSE(exists(marker));
+  const long b = start_task({"-t", "4"}, "b");
+  ASSERT_GT(b, 0);
+  // TPC 4 shares GPC 0 with a: said at launch, with a same-size list in a GPC no one uses.
+  const Proc& pb = *tasks_.back();
+  EXPECT_NE(pb.err().find("TPCs 4 shares GPC 0 with pid " + std::to_string(a)), std::string::npos) << pb.err();
+  EXPECT_NE(pb.err().find("GPCs no other task uses hold the same size: -t 1"), std::string::npos) << pb.err();
+  r = run({kCli, "-p", "--exclusive", "-t", "0", std::to_string(b)});
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  EXPECT_EQ(run({kCli, "-p", std::to_string(b)}).out, pid_line(b, "current TPC list", "4"));
+  // Its own TPCs never count against a task: -p --exclusive to a superset of them.
+  r = run({kCli, "-p", "--exclusive", "-t", "4,6", std::to_string(b)});
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  // --status marks the pair.
+  const Result st = run({kCli, "--status"});
+  EXPECT_TRUE(ExitedWith(st, 0)) << st;
+  EXPECT_NE(st.out.find("share a GPC: they do not isolate each other"), std::string::npos) << st.out;
+  stop_all();
+}
+
+TEST_F(Sharing, LiveCountKeepsTheTpcsTheTaskHas) {
+  const long a = start_task({"-g", "0"}, "a");
+  ASSERT_GT(a, 0);
+  const Result r = run({kCli, "-p", "-n", "2", std::to_string(a)});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  // A change answers in the terms of the new value (a TPC list).
+  EXPECT_EQ(r.out, pid_line(a, "current TPC list", "0,2,4,6") + pid_line(a, "new TPC list", "0,2")) << r;
+  EXPECT_EQ(mask_of(a), hopper_disable({0, 2}));
+  stop_all();
+}
+
+TEST_F(Sharing, StatusListsEveryTaskOfEveryUserWithCountersForTheOwner) {
+  const long a = start_task({"-n", "4"}, "a");
+  const long b = start_task({"-t", "1,3"}, "b");
+  ASSERT_GT(a, 0);
+  ASSERT_GT(b, 0);
+  Result st = run({kCli, "--status", "--json"});
+  ASSERT_TRUE(ExitedWith(st, 0)) << st;
+  auto j = nlohmann::json::parse(st.out);
+  ASSERT_EQ(j["tasks"].size(), 2u) << st.out;
+  EXPECT_EQ(j["tasks"][0]["pid"], a);
+  EXPECT_EQ(j["tasks"][0]["tpcs"], "0,2,4,6");
+  EXPECT_EQ(j["tasks"][0]["gpcs"], "0");
+  EXPECT_EQ(j["tasks"][0]["gpcs_whole"], 1);
+  EXPECT_EQ(j["tasks"][0]["sms"], 8);
+  EXPECT_GT(j["tasks"][0]["kernels_launched"].get<long>(), 0);
+  EXPECT_EQ(j["tasks"][1]["pid"], b);
+  EXPECT_EQ(j["tasks"][1]["gpcs_whole"], 0);
+  EXPECT_NE(j["tasks"][1]["command"].get<std::string>().find("launcher"), std::string::npos);
+  st = run({kCli, "--status"});
+  EXPECT_NE(st.out.find("PID"), std::string::npos);
+  EXPECT_NE(st.out.find(std::to_string(a) + "  "), std::string::npos) << st.out;
+  // Another user sees both partitions, not the owner's counters.
+  if (const auto other = second_user()) {
+    const Result o = run(as_user(*other, {kCli, "--status", "--json"}));
+    ASSERT_TRUE(ExitedWith(o, 0)) << o;
+    const auto oj = nlohmann::json::parse(o.out);
+    ASSERT_EQ(oj["tasks"].size(), 2u) << o.out;
+    EXPECT_EQ(oj["tasks"][0]["tpcs"], "0,2,4,6");
+    EXPECT_FALSE(oj["tasks"][0].contains("kernels_launched")) << o.out;
+  }
+  stop_all();
+  // Ended tasks never show, and their entries are cleaned.
+  st = run({kCli, "--status", "--json"});
+  EXPECT_EQ(nlohmann::json::parse(st.out)["tasks"].size(), 0u) << st.out;
+  std::size_t left = 0;
+  for (const auto& f : fs::directory_iterator(path("status")))
+    left += f.path().filename().string().starts_with("nvtaskset-status.") &&
+            f.path().filename().string() != "nvtaskset-status.lock";
+  EXPECT_EQ(left, 0u);
+}
+
+TEST_F(Sharing, NoUserCanForgeOrHideAnotherUsersEntry) {
+  const auto other = second_user();
+  if (!other) GTEST_SKIP() << "needs root to create a second Unix user (CI runs as root)";
+  const long a = start_task({"-t", "0-1"}, "a");
+  ASSERT_GT(a, 0);
+  // The other user copies root's entry under its own name, claiming root's
+  // task sits on TPCs 6-7, and tries to remove root's entry.
+  std::string mine;
+  for (const auto& f : fs::directory_iterator(path("status")))
+    if (f.path().filename().string().starts_with("nvtaskset-status." + std::to_string(a) + "."))
+      mine = f.path().string();
+  ASSERT_FALSE(mine.empty());
+  std::string text = read_file(mine);
+  const std::string forged = path("status") + "/nvtaskset-status." + std::to_string(a) + ".00000000deadbeef";
+  const Result w = run(as_user(*other, {"sh", "-c", "sed 's/,0x[0-9a-f]*,0x3,/,0x1,0xc0,/' " + mine + " > " + forged +
+                                                        "; touch -d '+1 hour' " + forged + "; rm -f " + mine}));
+  EXPECT_TRUE(exists(mine)) << "another user removed the entry";
+  const Result st = run({kCli, "--status", "--json"});
+  const auto j = nlohmann::json::parse(st.out);
+  ASSERT_EQ(j["tasks"].size(), 1u) << st.out;
+  EXPECT_EQ(j["tasks"][0]["tpcs"], "0-1") << st.out;
+  // And a -n chooser is not fooled either: TPCs 0-1 are the ones taken.
+  const Result r = run({kCli, "--no-mps", "--exclusive", "-t", "1", "true"});
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  (void)w;
+  stop_all();
+}
+
+TEST_F(Sharing, AllTasksMovesTheTaskAndItsChildren) {
+  Proc* p = nullptr;
+  const long pid = start_task({"-t", "0-1"}, "a", &p, {"--fork"});
+  ASSERT_GT(pid, 0);
+  const long child = wait_ready(path("ready.a") + ".child", *p);
+  ASSERT_GT(child, 0);
+  Result q = run({kCli, "-a", "-p", std::to_string(pid)});
+  ASSERT_TRUE(ExitedWith(q, 0)) << q;
+  EXPECT_EQ(q.out, pid_line(pid, "current TPC list", "0-1") + pid_line(child, "current TPC list", "0-1")) << q;
+  q = run({kCli, "-a", "-p", "-t", "6", std::to_string(pid)});
+  ASSERT_TRUE(ExitedWith(q, 0)) << q;
+  EXPECT_EQ(q.out, pid_line(pid, "current TPC list", "0-1") + pid_line(pid, "new TPC list", "6") +
+                       pid_line(child, "current TPC list", "0-1") + pid_line(child, "new TPC list", "6"))
+      << q;
+  const std::size_t before = records().size();
+  for (const auto& rec : records_after(child, before, 1, 3)) EXPECT_EQ(rec.mask, hopper_disable({6})) << rec;
+  for (const auto& rec : records_after(pid, before, 1, 3)) EXPECT_EQ(rec.mask, hopper_disable({6})) << rec;
+  // Without -a only the task moves.
+  q = run({kCli, "-p", "-t", "7", std::to_string(pid)});
+  EXPECT_EQ(run({kCli, "-p", std::to_string(child)}).out, pid_line(child, "current TPC list", "6"));
+  EXPECT_TRUE(FailedWithOneLine(run({kCli, "-a", "-t", "1", "true"})));
+  stop_all();
+}

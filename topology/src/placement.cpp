@@ -56,7 +56,7 @@ LogicalTpcSet packed(const Topology& t, const std::vector<Group>& groups, unsign
   const unsigned n = static_cast<unsigned>(groups.size());
   struct Candidate {
     LogicalTpcSet tpcs;
-    std::tuple<long, long, long, long> score;  // larger is better
+    std::tuple<long, long, long, long> score;  // cluster, -shared GPCs, kept, -stranded: larger is better
     std::vector<unsigned> gpc_ids;
   };
   std::optional<Candidate> best;
@@ -83,7 +83,7 @@ LogicalTpcSet packed(const Topology& t, const std::vector<Group>& groups, unsign
       std::sort(ids.begin(), ids.end());
       const long cluster = static_cast<long>(largest_hostable_cluster(t, s));
       const long stranded = static_cast<long>(total - count);
-      Candidate c{s, {cluster, -static_cast<long>(shared), -stranded, static_cast<long>(overlap(s, keep))}, ids};
+      Candidate c{s, {cluster, -static_cast<long>(shared), static_cast<long>(overlap(s, keep)), -stranded}, ids};
       // Ties: the lowest GPC numbers; then the first partly used GPC tried.
       if (!best || c.score > best->score || (c.score == best->score && c.gpc_ids < best->gpc_ids)) best = c;
     }

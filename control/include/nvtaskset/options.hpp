@@ -24,6 +24,7 @@ enum class Option : unsigned {
   kLdconfig,         // NVTASKSET_LDCONFIG (tests)
   kSysconfdir,       // NVTASKSET_SYSCONFDIR (tests)
   kNvdebugRoot,      // NVTASKSET_NVDEBUG_ROOT (tests)
+  kStatusDir,        // NVTASKSET_STATUS_DIR (tests)
 };
 
 enum class OptionKind { kChoice, kPath, kInternal };
@@ -59,6 +60,8 @@ inline constexpr OptionDesc kOptions[] = {
     {Option::kLdconfig, "NVTASKSET_LDCONFIG", OptionKind::kPath, "", false, "ldconfig for --system-wide (tests)"},
     {Option::kSysconfdir, "NVTASKSET_SYSCONFDIR", OptionKind::kPath, "", false, "/etc for --system-wide (tests)"},
     {Option::kNvdebugRoot, "NVTASKSET_NVDEBUG_ROOT", OptionKind::kPath, "", false, "/proc for nvdebug (tests)"},
+    {Option::kStatusDir, "NVTASKSET_STATUS_DIR", OptionKind::kPath, "", false,
+     "where the public status entries live instead of /dev/shm (tests)"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }

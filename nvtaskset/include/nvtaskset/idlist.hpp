@@ -48,6 +48,10 @@ Bits128 parse_mask(std::string_view text, std::string_view what);
 // Parses a PID: decimal digits only (no sign, no spaces), 1..kMaxPid.
 pid_t parse_pid(std::string_view text);
 
+// Parses a TPC count (-n): decimal digits only, 1..128 (the most TPCs a mask
+// holds); whether the GPU has that many is checked against the device.
+unsigned parse_count(std::string_view text);
+
 // `text` for an error message: control and non-ASCII bytes as \xNN, and cut
 // to a few dozen characters, so that a message stays one short line.
 std::string printable(std::string_view text);

@@ -44,7 +44,7 @@ struct PlacementResult {
 // Chooses `req.count` TPCs of `req.pool`. Packed, among the smallest sets of
 // GPCs whose pool TPCs hold `count`, prefers (in this order): the largest
 // hostable cluster; GPCs no one else uses (all their TPCs in the pool); the
-// fewest pool TPCs left stranded in a partly used GPC; the most kept TPCs;
+// most kept TPCs; the fewest pool TPCs left stranded in a partly used GPC;
 // the lowest GPC numbers. TPCs of unknown GPC are used only when the GPCs'
 // TPCs are not enough. nullopt when the pool holds fewer than `count` TPCs.
 std::optional<PlacementResult> choose_tpcs(const Topology& t, const PlacementRequest& req);

@@ -1,0 +1,70 @@
+// SPDX-License-Identifier: Apache-2.0
+// The public status of partitioned tasks, as `ps` shows processes: which
+// task holds which TPCs of which GPU, readable by every user, changeable by
+// no one but the task's own user (and root).
+//
+// The control region stays owner-only (control_region.hpp); this is a
+// second, read-only view of its partition: one small file per task,
+// "nvtaskset-status.<pid>.<random>", in /dev/shm (root-owned, sticky: a user
+// can remove or replace only their own files). A reader trusts an entry only
+// when the kernel says so:
+//   * the file is owned by the user the live process <pid> runs as (or root),
+//     so no user can publish an entry for another user's task;
+//   * its start time matches the live process, so an entry outlives neither
+//     its task nor a reuse of its PID (such stale entries never show, and
+//     whoever may remove them does);
+//   * the name carries 64 random bits, so no user can occupy the name a task
+//     will use and hide it.
+// An entry says what its owner's nvtaskset wrote, which is what the task's
+// shim applies: a user can misdescribe only their own tasks.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nvtaskset/partition.hpp"
+
+namespace nvtaskset::ctl {
+
+struct StatusEntry {
+  pid_t pid = 0;
+  std::uint64_t start_time = 0;
+  uid_t uid = 0;  // the task's user
+  std::vector<DevicePartition> partitions;
+};
+
+// Where entries live: NVTASKSET_STATUS_DIR (tests) or /dev/shm.
+std::string status_dir();
+
+// Publishes (or replaces) the entry of `pid`, which the caller must own or
+// be root for. Returns "" or why it could not (one line; the partition
+// itself is not affected).
+std::string publish_status(pid_t pid, const std::vector<DevicePartition>& partitions);
+
+// Removes the entries of `pid` the caller may remove.
+void withdraw_status(pid_t pid);
+
+// Every trustworthy entry of a live task, one per PID, by PID. Entries of
+// ended tasks are removed where the caller may.
+std::vector<StatusEntry> read_status();
+
+// Serialises the public summary for a short critical section (choose, then
+// publish): `-n --exclusive` of two launches at once must not both take the
+// same TPCs. Released by the destructor; `acquired()` is false when the lock
+// could not be had within `timeout_ms` (e.g. another user holds it).
+class StatusLock {
+ public:
+  explicit StatusLock(int timeout_ms = 3000);
+  ~StatusLock();
+  StatusLock(const StatusLock&) = delete;
+  StatusLock& operator=(const StatusLock&) = delete;
+  bool acquired() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
+}  // namespace nvtaskset::ctl

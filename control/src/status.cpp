@@ -1,0 +1,271 @@
+// SPDX-License-Identifier: Apache-2.0
+// The public status entries (status.hpp). Files are written whole under a
+// fresh name and renamed over the task's entry, so a reader sees the old or
+// the new entry, never a mix.
+#include "nvtaskset/status.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "nvtaskset/control_region.hpp"
+#include "nvtaskset/options.hpp"
+#include "nvtaskset/proc.hpp"
+
+namespace nvtaskset::ctl {
+namespace {
+
+constexpr const char* kPrefix = "nvtaskset-status.";
+constexpr const char* kLockName = "nvtaskset-status.lock";
+constexpr const char* kFormat = "nvtaskset-status 1";
+// An entry holds at most kMaxDevices partitions of ~150 bytes.
+constexpr off_t kMaxEntryBytes = 16384;
+
+std::string random_hex() {
+  std::uint64_t r = 0;
+  if (::getrandom(&r, sizeof r, 0) != static_cast<ssize_t>(sizeof r)) {
+    r = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+        (static_cast<std::uint64_t>(::getpid()) << 32);
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(r));
+  return buf;
+}
+
+// The directory is usable when no other user can remove or replace our
+// files there: owned by root or us, and sticky if others may write to it.
+std::string check_dir(const std::string& dir) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return dir + ": " + std::strerror(errno);
+  if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
+  if (st.st_uid != 0 && st.st_uid != ::geteuid()) return dir + " belongs to another user";
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (st.st_mode & S_ISVTX) == 0)
+    return dir + " is writable by others and not sticky";
+  return "";
+}
+
+// The user a live process runs as: the owner of /proc/<pid>.
+std::optional<uid_t> process_uid(pid_t pid) {
+  struct stat st {};
+  if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0) return std::nullopt;
+  return st.st_uid;
+}
+
+struct File {
+  std::string name;
+  pid_t pid = 0;
+};
+
+std::vector<File> entry_files(const std::string& dir) {
+  std::vector<File> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  const std::size_t plen = std::strlen(kPrefix);
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, plen, kPrefix) != 0) continue;
+    // "<pid>.<16 hex>"
+    const std::string rest = name.substr(plen);
+    const auto dot = rest.find('.');
+    if (dot == std::string::npos || dot == 0 || dot > 10 || rest.size() - dot - 1 != 16) continue;
+    pid_t pid = 0;
+    bool ok = true;
+    for (std::size_t i = 0; i < dot; ++i) {
+      if (rest[i] < '0' || rest[i] > '9') ok = false;
+      else pid = pid * 10 + (rest[i] - '0');
+    }
+    if (ok && pid > 0) out.push_back({name, pid});
+  }
+  ::closedir(d);
+  return out;
+}
+
+struct Parsed {
+  pid_t pid = 0;
+  std::uint64_t start = 0;
+  std::vector<DevicePartition> partitions;
+};
+
+std::optional<Parsed> parse(const std::string& text) {
+  std::istringstream in(text);
+  std::string line;
+  if (!std::getline(in, line) || line != kFormat) return std::nullopt;
+  Parsed p;
+  bool have_pid = false, have_start = false, have_parts = false;
+  while (std::getline(in, line)) {
+    const auto sp = line.find(' ');
+    const std::string key = line.substr(0, sp);
+    const std::string value = sp == std::string::npos ? "" : line.substr(sp + 1);
+    try {
+      if (key == "pid") {
+        p.pid = static_cast<pid_t>(std::stol(value));
+        have_pid = true;
+      } else if (key == "start") {
+        p.start = std::stoull(value);
+        have_start = true;
+      } else if (key == "partitions") {
+        p.partitions = decode_partitions(value);
+        have_parts = true;
+      }
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  if (!have_pid || !have_start || !have_parts) return std::nullopt;
+  return p;
+}
+
+// Reads an entry without following links or blocking on a FIFO; nullopt for
+// anything that is not a small regular file that only its owner can write.
+std::optional<std::pair<std::string, struct stat>> read_entry(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return std::nullopt;
+  struct stat st {};
+  std::string text;
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= kMaxEntryBytes &&
+      (st.st_mode & (S_IWGRP | S_IWOTH)) == 0) {
+    text.resize(static_cast<std::size_t>(st.st_size));
+    ssize_t got = 0;
+    while (got < st.st_size) {
+      const ssize_t n = ::read(fd, text.data() + got, static_cast<std::size_t>(st.st_size - got));
+      if (n <= 0) break;
+      got += n;
+    }
+    text.resize(static_cast<std::size_t>(got));
+  } else {
+    ::close(fd);
+    return std::nullopt;
+  }
+  ::close(fd);
+  return std::make_pair(text, st);
+}
+
+bool may_remove(const struct stat& st) { return ::geteuid() == 0 || st.st_uid == ::geteuid(); }
+
+}  // namespace
+
+std::string status_dir() {
+  if (const char* d = option_value(Option::kStatusDir)) return d;
+  return "/dev/shm";
+}
+
+std::string publish_status(pid_t pid, const std::vector<DevicePartition>& partitions) {
+  const std::string dir = status_dir();
+  if (std::string why = check_dir(dir); !why.empty()) return why;
+  const std::uint64_t start = process_start_time(pid);
+  const auto uid = process_uid(pid);
+  if (start == 0 || !uid) return "pid " + std::to_string(pid) + " is gone";
+  std::string text = std::string(kFormat) + "\npid " + std::to_string(pid) + "\nstart " + std::to_string(start) +
+                     "\npartitions " + encode_partitions(partitions) + "\n";
+  const std::string tmp = dir + "/" + kPrefix + std::to_string(pid) + "." + random_hex();
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) return tmp + ": " + std::strerror(errno);
+  // Root writing for another user's task: the entry must be the task's
+  // user's, or readers take it for a forgery.
+  bool ok = ::fchmod(fd, 0644) == 0 && (::geteuid() != 0 || *uid == 0 || ::fchown(fd, *uid, static_cast<gid_t>(-1)) == 0);
+  std::size_t done = 0;
+  while (ok && done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n <= 0) ok = false;
+    else done += static_cast<std::size_t>(n);
+  }
+  const int err = errno;
+  ::close(fd);
+  if (!ok) {
+    ::unlink(tmp.c_str());
+    return tmp + ": " + std::strerror(err);
+  }
+  // The new entry is complete: drop the task's older ones.
+  for (const File& f : entry_files(dir)) {
+    const std::string path = dir + "/" + f.name;
+    if (f.pid != pid || path == tmp) continue;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0 && may_remove(st)) ::unlink(path.c_str());
+  }
+  return "";
+}
+
+void withdraw_status(pid_t pid) {
+  const std::string dir = status_dir();
+  for (const File& f : entry_files(dir)) {
+    if (f.pid != pid) continue;
+    const std::string path = dir + "/" + f.name;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0 && may_remove(st)) ::unlink(path.c_str());
+  }
+}
+
+std::vector<StatusEntry> read_status() {
+  const std::string dir = status_dir();
+  std::map<pid_t, StatusEntry> by_pid;
+  std::map<pid_t, struct timespec> newest;
+  for (const File& f : entry_files(dir)) {
+    const std::string path = dir + "/" + f.name;
+    const auto e = read_entry(path);
+    if (!e) continue;
+    const auto& [text, st] = *e;
+    const std::optional<Parsed> p = parse(text);
+    const std::uint64_t live_start = process_start_time(f.pid);
+    const bool live = live_start != 0 && !process_is_zombie_or_dead(f.pid);
+    if (!p || p->pid != f.pid || !live || p->start != live_start) {
+      // Ended (or never valid): never shown; cleaned by whoever may.
+      if ((!live || (p && p->start != live_start)) && may_remove(st)) ::unlink(path.c_str());
+      continue;
+    }
+    const auto uid = process_uid(f.pid);
+    if (!uid || (st.st_uid != *uid && st.st_uid != 0)) continue;  // a forgery
+    // Two entries of one task exist only for a moment while one replaces
+    // the other: the newer wins.
+    auto it = newest.find(f.pid);
+    const bool newer = it == newest.end() || st.st_mtim.tv_sec > it->second.tv_sec ||
+                       (st.st_mtim.tv_sec == it->second.tv_sec && st.st_mtim.tv_nsec > it->second.tv_nsec);
+    if (!newer) continue;
+    newest[f.pid] = st.st_mtim;
+    by_pid[f.pid] = {f.pid, p->start, *uid, p->partitions};
+  }
+  std::vector<StatusEntry> out;
+  for (auto& [pid, e] : by_pid) out.push_back(std::move(e));
+  return out;
+}
+
+StatusLock::StatusLock(int timeout_ms) {
+  const std::string dir = status_dir();
+  if (!check_dir(dir).empty()) return;
+  const std::string path = dir + "/" + kLockName;
+  // Anyone may create the lock file; anyone may read it, which is all
+  // flock() needs. O_NOFOLLOW: a link planted there is not followed.
+  int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0444);
+  if (fd < 0) fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return;
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (std::chrono::steady_clock::now() >= until) {
+      ::close(fd);
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  fd_ = fd;
+}
+
+StatusLock::~StatusLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+}  // namespace nvtaskset::ctl

@@ -1,0 +1,47 @@
+// SPDX-License-Identifier: Apache-2.0
+// Sharing a GPU between tasks: who holds which TPCs (from the public status,
+// control/status.hpp), what overlaps, and `nvtaskset --status`.
+#pragma once
+
+#include <sys/types.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "nvtaskset/devices.hpp"
+#include "nvtaskset/status.hpp"
+#include "nvtaskset/topology.hpp"
+
+namespace nvtaskset::cli {
+
+// Another live task's partition on one GPU.
+struct Holder {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  LogicalTpcSet tpcs;
+};
+
+// The live partitions on `dev` in `status`, but those of `exclude`. A
+// partition for any GPU counts on every GPU. A physical mask counts through
+// the layout `t` (skipped when it is unknown).
+std::vector<Holder> holders_on(const std::vector<ctl::StatusEntry>& status, const topo::DeviceInfo& dev,
+                               const topo::Topology* t, const std::set<pid_t>& exclude);
+
+LogicalTpcSet held_by(const std::vector<Holder>& holders);
+
+// How `mine` relates to the others: "" when it shares neither TPCs nor GPCs
+// with any; else one line naming the first PID it shares TPCs with, or
+// (without `t`'s GPCs, TPCs only) the GPCs it shares.
+struct Overlap {
+  std::vector<pid_t> share_tpcs;  // pids whose TPCs intersect mine
+  std::vector<pid_t> share_gpcs;  // pids with no common TPC but a common GPC
+  LogicalTpcSet common_tpcs;      // all TPCs mine shares
+  GpcSet common_gpcs;             // GPCs shared with share_gpcs
+};
+Overlap overlap_with(const topo::Topology* t, const LogicalTpcSet& mine, const std::vector<Holder>& others);
+
+// `nvtaskset --status [--json]`: every partitioned task on this machine.
+int print_status(Devices& devices, bool json);
+
+}  // namespace nvtaskset::cli

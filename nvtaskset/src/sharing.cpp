@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "nvtaskset/sharing.hpp"
+
+#include <pwd.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "nvtaskset/control_region.hpp"
+#include "nvtaskset/idlist.hpp"
+
+namespace nvtaskset::cli {
+namespace {
+
+std::string user_name(uid_t uid) {
+  struct passwd pw {};
+  struct passwd* out = nullptr;
+  char buf[1024];
+  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &out) == 0 && out != nullptr) return out->pw_name;
+  return std::to_string(uid);
+}
+
+// /proc/<pid>/cmdline, readable by every user as `ps` shows it.
+std::string command_of(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
+  std::string raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  while (!raw.empty() && raw.back() == '\0') raw.pop_back();
+  for (char& c : raw)
+    if (c == '\0') c = ' ';
+  return printable(raw.size() > 60 ? raw.substr(0, 60) : raw);
+}
+
+bool applies_to(const DevicePartition& dp, const topo::DeviceInfo& dev) {
+  return dp.partition.active() && (dp.device == dev.uuid || dp.device == kAnyDevice);
+}
+
+LogicalTpcSet logical_view(const Partition& p, const topo::Topology* t) {
+  if (!p.tpcs.empty() || t == nullptr) return p.tpcs;
+  return topo::logical_of_physical(*t, p.enabled);
+}
+
+GpcSet gpcs_of(const topo::Topology& t, const LogicalTpcSet& tpcs) {
+  GpcSet g;
+  for (unsigned k : tpcs.bits.indices())
+    if (k < t.tpcs.size() && t.tpcs[k].gpc) g.insert(*t.tpcs[k].gpc);
+  return g;
+}
+
+}  // namespace
+
+std::vector<Holder> holders_on(const std::vector<ctl::StatusEntry>& status, const topo::DeviceInfo& dev,
+                               const topo::Topology* t, const std::set<pid_t>& exclude) {
+  std::vector<Holder> out;
+  for (const auto& e : status) {
+    if (exclude.count(e.pid)) continue;
+    // A device-specific partition wins over the any-device one, as in the shim.
+    const DevicePartition* best = nullptr;
+    for (const auto& dp : e.partitions)
+      if (applies_to(dp, dev) && (best == nullptr || dp.device != kAnyDevice)) best = &dp;
+    if (best == nullptr) continue;
+    const LogicalTpcSet tpcs = logical_view(best->partition, t);
+    if (!tpcs.empty()) out.push_back({e.pid, e.uid, tpcs});
+  }
+  return out;
+}
+
+LogicalTpcSet held_by(const std::vector<Holder>& holders) {
+  LogicalTpcSet s;
+  for (const Holder& h : holders) s.bits = s.bits | h.tpcs.bits;
+  return s;
+}
+
+Overlap overlap_with(const topo::Topology* t, const LogicalTpcSet& mine, const std::vector<Holder>& others) {
+  Overlap o;
+  const bool gpcs = t != nullptr && t->gpcs_known();
+  const GpcSet my_gpcs = gpcs ? gpcs_of(*t, mine) : GpcSet{};
+  for (const Holder& h : others) {
+    const Bits128 common = mine.bits & h.tpcs.bits;
+    if (common.any()) {
+      o.share_tpcs.push_back(h.pid);
+      o.common_tpcs.bits = o.common_tpcs.bits | common;
+      continue;
+    }
+    if (!gpcs) continue;
+    const Bits128 g = my_gpcs.bits & gpcs_of(*t, h.tpcs).bits;
+    if (g.any()) {
+      o.share_gpcs.push_back(h.pid);
+      o.common_gpcs.bits = o.common_gpcs.bits | g;
+    }
+  }
+  return o;
+}
+
+int print_status(Devices& devices, bool json) {
+  const std::vector<ctl::StatusEntry> status = ctl::read_status();
+  // Device indices as this process sees them, when a driver answers; the
+  // UUID otherwise (a status needs no GPU to be read).
+  std::vector<topo::DeviceInfo> visible;
+  try {
+    visible = devices.all();
+  } catch (const std::exception&) {
+  }
+  struct Row {
+    const ctl::StatusEntry* e;
+    const DevicePartition* dp;
+    const topo::DeviceInfo* dev;  // nullptr: described by the entry only
+    const topo::Topology* t;
+    LogicalTpcSet tpcs;
+  };
+  std::vector<Row> rows;
+  for (const auto& e : status) {
+    for (const auto& dp : e.partitions) {
+      if (!dp.partition.active()) continue;
+      const topo::DeviceInfo* dev = nullptr;
+      for (const auto& v : visible)
+        if (v.uuid == dp.device) dev = &v;
+      if (dev == nullptr) dev = devices.from_region(dp);
+      const topo::Topology* t = dev ? devices.known_topology(*dev) : nullptr;
+      rows.push_back({&e, &dp, dev, t, logical_view(dp.partition, t)});
+    }
+  }
+  // Overlaps among rows on the same GPU.
+  std::map<std::size_t, std::vector<pid_t>> share_tpcs, share_gpcs;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    std::vector<Holder> others;
+    for (std::size_t j = 0; j < rows.size(); ++j)
+      if (j != i && rows[j].e->pid != rows[i].e->pid &&
+          (rows[j].dp->device == rows[i].dp->device || rows[j].dp->device == kAnyDevice ||
+           rows[i].dp->device == kAnyDevice))
+        others.push_back({rows[j].e->pid, rows[j].e->uid, rows[j].tpcs});
+    const Overlap o = overlap_with(rows[i].t, rows[i].tpcs, others);
+    share_tpcs[i] = o.share_tpcs;
+    share_gpcs[i] = o.share_gpcs;
+  }
+  nlohmann::json jt = nlohmann::json::array();
+  std::vector<std::vector<std::string>> table;
+  table.push_back({"PID", "USER", "GPU", "TPCS", "GPCS", "SMS", "KERNELS", "GRAPHS", "CLUSTER", "COMMAND"});
+  std::vector<std::string> notes;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const pid_t pid = r.e->pid;
+    std::string gpu = r.dp->device == kAnyDevice ? "any" : uuid_to_string(r.dp->device).substr(0, 12);
+    if (r.dev != nullptr && !r.dev->pci_bus_id.empty()) gpu = std::to_string(r.dev->ordinal);
+    // GPCs touched, and how many of them whole.
+    std::string gpcs = "-";
+    unsigned touched = 0, whole = 0;
+    if (r.t != nullptr && r.t->gpcs_known()) {
+      GpcSet g;
+      for (const topo::GpcInfo& gi : r.t->gpcs) {
+        unsigned in = 0;
+        for (LogicalTpcId x : gi.tpcs) in += r.tpcs.contains(x) ? 1 : 0;
+        if (in == 0) continue;
+        g.insert(gi.id);
+        ++touched;
+        whole += in == gi.tpcs.size() ? 1 : 0;
+      }
+      gpcs = format_list(g.bits) + " (" + std::to_string(whole) + "/" + std::to_string(touched) + ")";
+    }
+    // The counters live in the owner-only control region: shown to the
+    // task's user and root, "-" to others (as `ps` hides another's environ).
+    std::string kernels = "-", graphs = "-", cluster = "-";
+    nlohmann::json counters = nullptr;
+    try {
+      const auto region = ctl::Region::attach(pid);
+      const ctl::Header& h = region->header();
+      const auto k = h.kernels_launched.load(std::memory_order_relaxed);
+      const auto gf = h.graphs_following.load(std::memory_order_relaxed);
+      const auto gn = h.graphs_not_following.load(std::memory_order_relaxed);
+      const auto mc = h.max_cluster_launched.load(std::memory_order_relaxed);
+      kernels = std::to_string(k);
+      graphs = gn ? std::to_string(gf) + "+" + std::to_string(gn) + "!" : std::to_string(gf);
+      cluster = std::to_string(mc);
+      counters = {{"kernels_launched", k}, {"graphs_following", gf}, {"graphs_not_following", gn},
+                  {"max_cluster", mc}};
+    } catch (const std::exception&) {
+    }
+    const std::string tpcs = r.tpcs.empty() ? "physical " + r.dp->partition.enabled.bits.to_hex()
+                                            : format_list(r.tpcs.bits);
+    const unsigned sms = 2 * r.tpcs.size();
+    const std::string user = user_name(r.e->uid);
+    const std::string cmd = command_of(pid);
+    table.push_back({std::to_string(pid), user, gpu, tpcs, gpcs, std::to_string(sms), kernels, graphs, cluster, cmd});
+    for (pid_t other : share_tpcs[i])
+      if (other > pid) notes.push_back("pids " + std::to_string(pid) + " and " + std::to_string(other) + " share TPCs");
+    for (pid_t other : share_gpcs[i])
+      if (other > pid)
+        notes.push_back("pids " + std::to_string(pid) + " and " + std::to_string(other) +
+                        " share a GPC: they do not isolate each other (docs/hardware.md)");
+    nlohmann::json j = {{"pid", pid}, {"user", user}, {"uid", r.e->uid},
+                        {"device", r.dp->device == kAnyDevice ? "any" : uuid_to_string(r.dp->device)},
+                        {"tpcs", tpcs}, {"sms", sms}, {"command", cmd},
+                        {"shares_tpcs_with", share_tpcs[i]}, {"shares_gpcs_with", share_gpcs[i]}};
+    if (r.dev != nullptr && !r.dev->pci_bus_id.empty()) j["gpu"] = r.dev->ordinal;
+    if (gpcs != "-") {
+      j["gpcs"] = gpcs.substr(0, gpcs.find(' '));
+      j["gpcs_whole"] = whole;
+      j["gpcs_touched"] = touched;
+    }
+    if (!counters.is_null()) j.update(counters);
+    jt.push_back(j);
+  }
+  if (json) {
+    std::printf("%s\n", nlohmann::json({{"tasks", jt}}).dump(2).c_str());
+    return 0;
+  }
+  std::vector<std::size_t> width(table[0].size(), 0);
+  for (const auto& row : table)
+    for (std::size_t c = 0; c + 1 < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  for (const auto& row : table) {
+    std::string line;
+    for (std::size_t c = 0; c < row.size(); ++c) {
+      line += row[c];
+      if (c + 1 < row.size()) line += std::string(width[c] - row[c].size() + 2, ' ');
+    }
+    std::printf("%s\n", line.c_str());
+  }
+  for (const auto& n : notes) std::printf("note: %s\n", n.c_str());
+  return 0;
+}
+
+}  // namespace nvtaskset::cli
