@@ -10,8 +10,8 @@ Run from the repository root on a machine with an NVIDIA GPU, with the build in
 Every GPU command has a timeout. Each check prints PASS/FAIL with its evidence;
 the exit status is the number of failures. Sections: calibrate, probe, lists,
 gpc, live, mps, torch, bench, errors, multi (needs 2 GPUs), systemwide, graphs,
-clusters, libclusters, torchgraphs, graphoverhead, graphbench, hardening (default:
-all).
+clusters, libclusters, torchgraphs, graphoverhead, graphbench, hardening, sharing
+(default: all).
 """
 import json
 import os
@@ -1121,8 +1121,69 @@ def section_hardening():
     hardening_gpc_unknown_clusters()
 
 
+def section_sharing():
+    """-n by count (exact TPCs by %smid, outside MPS), a cluster-8 kernel in -n 4, --status with three MPS tasks."""
+    g_of = tpc_gpc()
+    gpcs = {g["gpc"]: set(g["tpcs"]) for g in topo["gpcs"]}
+    for n in (4, 8, 9, 16, 20, 33):
+        rc, out, err, _ = run([NV, "--no-mps", "-v", "-n", str(n), f"{GPUBIN}/smid_probe", "--iters", "1"], timeout=60)
+        m = re.search(r"-n \d+ on device \d+: TPCs (\S+)", err)
+        chosen = parse_ranges(m.group(1)) if m else set()
+        t = re.search(r"tpcs:([\d ]+)", out)
+        ran = {int(x) for x in t.group(1).split()} if t else None
+        if ran is None:
+            ran = set()
+            for line in out.splitlines():
+                if line.startswith("iter "):
+                    ran = parse_ranges(line.split()[-1])
+        touched = {g_of[k] for k in chosen}
+        whole = sum(1 for g in touched if g is not None and gpcs[g] <= chosen)
+        check(f"sharing: -n {n} ran on exactly the {n} TPCs it chose", rc == 0 and len(chosen) == n and ran == chosen,
+              f"rc={rc} chose {ranges(chosen)} (GPCs {sorted(x for x in touched if x is not None)}, {whole} whole), "
+              f"ran on {ranges(ran)}")
+    rc, out, err, dt = run_group([NV, "--no-mps", "-v", "-n", "4", f"{GPUBIN}/cluster_probe", "--size", "8"], timeout=30)
+    check("sharing: -n 4 (one whole GPC) runs clusters of 8", rc == 0 and "cluster size 8 ran" in out,
+          f"rc={rc} {dt:.2f}s {out.strip()[-120:]} {err.strip()[-200:]}")
+    # Three tasks under MPS, each -n 16 --exclusive: disjoint, listed by --status with their counters.
+    until = os.path.join(OUT, "until-sharing")
+    if os.path.exists(until):
+        os.remove(until)
+    tasks = []
+    try:
+        for i in range(3):
+            t = Task([NV, "-n", "16", "--exclusive", f"{GPUBIN}/smid_probe", "--interval-ms", "20", "--until-file", until],
+                     f"sharing-{i}")
+            tasks.append(t)
+            time.sleep(1.5)
+        time.sleep(1.0)
+        rc, out, err, _ = run([NV, "--status", "--json"], timeout=30)
+        rc_t, text, _, _ = run([NV, "--status"], timeout=30)
+        log("INFO --status:\n" + text)
+        try:
+            st = json.loads(out)["tasks"]
+        except ValueError:
+            st = []
+        mine = [e for e in st if e["pid"] in {t.pid for t in tasks}]
+        sets = [parse_ranges(e["tpcs"]) for e in mine]
+        disjoint = len(sets) == 3 and all(not (a & b) for i, a in enumerate(sets) for b in sets[i + 1:])
+        check("sharing: --status lists three MPS tasks of -n 16 --exclusive, disjoint, on 2 GPCs each, counting",
+              rc == 0 and disjoint and all(e.get("gpcs_touched") == 2 and e.get("kernels_launched", 0) > 0 for e in mine),
+              "; ".join(f"{e['pid']}: {e['tpcs']} GPCs {e.get('gpcs')} whole {e.get('gpcs_whole')} kernels "
+                        f"{e.get('kernels_launched')}" for e in mine) or out[-300:])
+        free = ntpcs() - sum(len(x) for x in sets)
+        rc4, o4, e4, _ = run([NV, "-n", str(free + 1), "--exclusive", "true"], timeout=30)
+        check(f"sharing: -n {free + 1} --exclusive with {free} TPCs free is refused in one line",
+              rc4 == 1 and len(e4.strip().splitlines()) == 1, f"rc={rc4} {e4.strip()}")
+    finally:
+        open(until, "w").close()
+        for t in tasks:
+            t.finish(30)
+            t.__exit__(None, None, None)
+        stop_mps_safely()
+
+
 SECTIONS = ["calibrate", "probe", "lists", "gpc", "live", "mps", "torch", "bench", "errors", "multi", "systemwide",
-            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening"]
+            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening", "sharing"]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:] or SECTIONS
