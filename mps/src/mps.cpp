@@ -566,6 +566,102 @@ EnsureResult ensure_daemon(const Options& opts) {
       bin.exec_path, sock, opts.start_timeout.count(), r.log_dir, out.empty() ? "" : ": ", out));
 }
 
+namespace {
+
+// Runs the control program as a client with `commands` on its stdin and
+// returns what it printed (stdout), or nullopt when it failed or took more
+// than `timeout`. fork/exec as spawn_daemon does; only async-signal-safe
+// calls between the two.
+std::optional<std::string> control_client(const Binary& bin, const std::string& commands,
+                                          std::chrono::milliseconds timeout) {
+  int in[2], out[2];
+  if (::pipe2(in, O_CLOEXEC) != 0) return std::nullopt;
+  if (::pipe2(out, O_CLOEXEC) != 0) {
+    ::close(in[0]);
+    ::close(in[1]);
+    return std::nullopt;
+  }
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(in[0], 0);
+    ::dup2(out[1], 1);
+    const int devnull = ::open("/dev/null", O_WRONLY);
+    if (devnull >= 0) ::dup2(devnull, 2);
+    char* argv[] = {const_cast<char*>(bin.exec_path.c_str()), nullptr};
+    ::execv(argv[0], argv);
+    ::_exit(127);
+  }
+  ::close(in[0]);
+  ::close(out[1]);
+  if (pid < 0) {
+    ::close(in[1]);
+    ::close(out[0]);
+    return std::nullopt;
+  }
+  (void)!::write(in[1], commands.data(), commands.size());
+  ::close(in[1]);
+  std::string text;
+  const auto until = std::chrono::steady_clock::now() + timeout;
+  ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+  bool done = false;
+  while (!done && std::chrono::steady_clock::now() < until) {
+    char buf[4096];
+    const ssize_t n = ::read(out[0], buf, sizeof buf);
+    if (n > 0) text.append(buf, static_cast<std::size_t>(n));
+    else if (n == 0) done = true;
+    else if (errno == EAGAIN) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    else done = true;
+  }
+  ::close(out[0]);
+  if (!done) ::kill(pid, SIGKILL);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (!done || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
+  return text;
+}
+
+std::vector<long> numbers(const std::string& text) {
+  std::vector<long> out;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && !std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+    long v = 0;
+    bool any = false;
+    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
+      if (v < 100000000) v = v * 10 + (text[i] - '0');
+      any = true;
+      ++i;
+    }
+    if (any) out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<Server> servers(const Options& opts) {
+  std::vector<Server> out;
+  if (!daemon_running(pipe_directory())) return out;
+  Binary bin;
+  try {
+    bin = resolve_binary(opts);
+  } catch (const Error&) {
+    return out;
+  }
+  const auto list = control_client(bin, "get_server_list\n", std::chrono::milliseconds(3000));
+  if (!list) return out;
+  for (long pid : numbers(*list)) {
+    struct stat st {};
+    if (pid <= 0 || ::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0) continue;
+    Server s{static_cast<pid_t>(pid), st.st_uid, 0};
+    if (const auto clients = control_client(bin, "get_client_list " + std::to_string(pid) + "\n",
+                                            std::chrono::milliseconds(3000)))
+      s.clients = static_cast<unsigned>(numbers(*clients).size());
+    out.push_back(s);
+  }
+  return out;
+}
+
 std::string started_message(const EnsureResult& r) {
   if (!r.started) return {};
   std::string bin =

@@ -9,6 +9,7 @@
 #include "nvtaskset/cli.hpp"
 
 #include <spdlog/sinks/stdout_color_sinks.h>
+#include <pwd.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -114,6 +115,14 @@ DeviceDesc describe_device(const topo::DeviceInfo& d) {
 }
 
 std::string phrase_of(const Partition& p);
+
+std::string user_name_of(uid_t uid) {
+  struct passwd pw {};
+  struct passwd* out = nullptr;
+  char buf[1024];
+  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &out) == 0 && out != nullptr) return out->pw_name;
+  return std::to_string(uid);
+}
 
 // -n COUNT: the TPCs chosen for the request, avoiding those other live
 // partitions hold when enough are free.
@@ -438,6 +447,25 @@ void check_syntax(const Options& o) {
     check(SpecKind::kTpcMask, o.positionals[0]);
 }
 
+// One MPS server serves one Unix user at a time: a client of another user
+// waits, silently, until every client of the served user has exited (13 s
+// instead of 0.25 s in one run; docs/hardware.md, "MPS"). Never silently:
+// say so in one line, then wait or fail (NVTASKSET_MPS_OTHER_USER).
+void check_mps_user() {
+  for (const mps::Server& sv : mps::servers()) {
+    if (sv.uid == ::getuid() || sv.clients == 0) continue;
+    const std::string who = "the MPS server (pid " + std::to_string(sv.pid) + ") serves user " + user_name_of(sv.uid) +
+                            " with " + std::to_string(sv.clients) + " client" + (sv.clients == 1 ? "" : "s");
+    const ChoiceValue c = choice(Option::kMpsOtherUser);
+    if (c.index == 1)
+      throw Failure(who + ": this task would wait until they exit; not started (" +
+                    option(Option::kMpsOtherUser).name + "=fail; --no-mps runs it time-sliced instead)");
+    spdlog::warn("{}: this task waits until they exit ({}=fail refuses instead, --no-mps runs it time-sliced)", who,
+                 option(Option::kMpsOtherUser).name);
+    return;
+  }
+}
+
 int do_launch(const Options& o, const std::vector<std::string>& env) {
   std::vector<Request> requests = o.requests;
   std::size_t first_cmd = 0;
@@ -493,6 +521,7 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
     scrub_shim_environment(shim_dir);
     const mps::EnsureResult r = mps::ensure_daemon();
     if (r.started) std::fprintf(stderr, "%s\n", mps::started_message(r).c_str());
+    check_mps_user();
   }
   exec_task(cmd, task_environment(env, shim_dir, encode_partitions(parts), devices.driver_path()));
 }

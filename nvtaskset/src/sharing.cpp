@@ -11,6 +11,7 @@
 
 #include "nvtaskset/control_region.hpp"
 #include "nvtaskset/idlist.hpp"
+#include "nvtaskset/mps.hpp"
 
 namespace nvtaskset::cli {
 namespace {
@@ -103,6 +104,9 @@ int print_status(Devices& devices, bool json) {
     visible = devices.all();
   } catch (const std::exception&) {
   }
+  // The driver query may point CUDA_MPS_PIPE_DIRECTORY elsewhere; the MPS
+  // servers are asked for below, at the user's pipe directory.
+  devices.restore_environment();
   struct Row {
     const ctl::StatusEntry* e;
     const DevicePartition* dp;
@@ -202,8 +206,13 @@ int print_status(Devices& devices, bool json) {
     if (!counters.is_null()) j.update(counters);
     jt.push_back(j);
   }
+  // Which user each MPS server serves: another user's clients wait for it.
+  const std::vector<mps::Server> servers = mps::servers();
+  nlohmann::json js = nlohmann::json::array();
+  for (const mps::Server& sv : servers)
+    js.push_back({{"pid", sv.pid}, {"uid", sv.uid}, {"user", user_name(sv.uid)}, {"clients", sv.clients}});
   if (json) {
-    std::printf("%s\n", nlohmann::json({{"tasks", jt}}).dump(2).c_str());
+    std::printf("%s\n", nlohmann::json({{"tasks", jt}, {"mps_servers", js}}).dump(2).c_str());
     return 0;
   }
   std::vector<std::size_t> width(table[0].size(), 0);
@@ -218,6 +227,9 @@ int print_status(Devices& devices, bool json) {
     std::printf("%s\n", line.c_str());
   }
   for (const auto& n : notes) std::printf("note: %s\n", n.c_str());
+  for (const mps::Server& sv : servers)
+    std::printf("mps: server pid %d serves user %s, %u client%s (another user's clients wait until they exit)\n",
+                sv.pid, user_name(sv.uid).c_str(), sv.clients, sv.clients == 1 ? "" : "s");
   return 0;
 }
 

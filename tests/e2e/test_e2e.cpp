@@ -56,6 +56,7 @@ const std::string kFake = NVTASKSET_E2E_FAKE;
 const std::string kLauncher = NVTASKSET_E2E_LAUNCHER;
 const std::string kLauncherDlopen = NVTASKSET_E2E_LAUNCHER_DLOPEN;
 const std::string kGraphLauncher = NVTASKSET_E2E_GRAPH_LAUNCHER;
+const std::string kFakeMps = NVTASKSET_E2E_FAKE_MPS;
 
 std::string shim_dir() { return fs::path(kShim).parent_path().string(); }
 
@@ -2254,4 +2255,44 @@ TEST_F(Sharing, AllTasksMovesTheTaskAndItsChildren) {
   EXPECT_EQ(run({kCli, "-p", std::to_string(child)}).out, pid_line(child, "current TPC list", "6"));
   EXPECT_TRUE(FailedWithOneLine(run({kCli, "-a", "-t", "1", "true"})));
   stop_all();
+}
+
+// MPS serves one user at a time: a task that would wait behind another
+// user's clients is told so, and NVTASKSET_MPS_OTHER_USER=fail refuses it.
+TEST_F(E2E, AnotherUsersMpsServerIsNamedNeverWaitedForSilently) {
+  const auto other = second_user();
+  if (!other) GTEST_SKIP() << "needs root to create a second Unix user (CI runs as root)";
+  Proc& server = start(as_user(*other, {"sleep", "30"}));  // stands for the server the daemon runs for them
+  ASSERT_TRUE(wait_until([&] { return fs::exists("/proc/" + std::to_string(server.pid)); }));
+  Env env = env_;
+  env["NVTASKSET_MPS_CONTROL"] = kFakeMps;
+  env["FAKE_MPS_SERVERS"] = std::to_string(server.pid) + ":3";
+  env["FAKE_MPS_IDLE_MS"] = "20000";
+  const std::string marker = path("marker");
+  Result r = run({kCli, "-t", "0-1", "touch", marker}, env);
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_TRUE(exists(marker));
+  EXPECT_NE(r.err.find("serves user nvtaskset-e2e with 3 clients: this task waits until they exit"),
+            std::string::npos)
+      << r;
+  ::unlink(marker.c_str());
+  env["NVTASKSET_MPS_OTHER_USER"] = "fail";
+  r = run({kCli, "-t", "0-1", "touch", marker}, env);
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  EXPECT_FALSE(exists(marker));
+  // --status shows the server and whom it serves.
+  const Result st = run({kCli, "--status"}, env);
+  EXPECT_NE(st.out.find("mps: server pid " + std::to_string(server.pid) + " serves user nvtaskset-e2e, 3 clients"),
+            std::string::npos)
+      << st;
+  // Our own user's server is no reason to warn.
+  env["FAKE_MPS_SERVERS"] = std::to_string(::getpid()) + ":1";
+  Proc& q = start({"sh", "-c", "echo quit | " + kFakeMps}, env);
+  q.wait();
+  env.erase("NVTASKSET_MPS_OTHER_USER");
+  r = run({kCli, "-t", "0-1", "touch", marker}, env);
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(r.err.find("serves user"), std::string::npos) << r;
+  Proc& q2 = start({"sh", "-c", "echo quit | " + kFakeMps}, env);
+  q2.wait();
 }

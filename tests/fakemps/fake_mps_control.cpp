@@ -9,8 +9,8 @@
 //   nvidia-cuda-mps-control      client: sends each stdin line to the daemon
 //                                and prints the replies (`echo quit | ...`)
 //
-// Daemon commands: quit (remove the socket and exit), get_server_list (prints
-// nothing: the fake starts no servers). Each command is logged to
+// Daemon commands: quit (remove the socket and exit), get_server_list and
+// get_client_list PID (the servers FAKE_MPS_SERVERS names; none by default). Each command is logged to
 // $CUDA_MPS_LOG_DIRECTORY/control.log, as the real daemon does, so tests can
 // see which log directory it was given. The pid goes to
 // <pipe dir>/nvidia-cuda-mps-control.pid so a test can kill a daemon it lost.
@@ -21,6 +21,7 @@
 //   FAKE_MPS_IDLE_MS=N   exit after N ms without any connection or command;
 //                        capped, like the default, at 60 s so that no test
 //                        leaves a daemon running for long
+//   FAKE_MPS_SERVERS=PID:N,...  servers get_server_list reports, N clients each
 //   FAKE_MPS_FD_REPORT=F at startup, write the open fd numbers (e.g. "0 1 2")
 //                        to file F: tests check that no stray fd was inherited
 //
@@ -151,6 +152,8 @@ long idle_limit_ms() {
   return ms;
 }
 
+std::vector<std::pair<long, long>> fake_servers();
+
 void reply(int fd, char status, const std::string& text) {
   std::string msg = std::string(1, status) + text;
   ::send(fd, msg.data(), msg.size(), MSG_NOSIGNAL);
@@ -200,13 +203,41 @@ int serve(int listener, const Bound& bound, Log& log) {
         log.line("exiting");
         return 0;  // exit closes every client: the client's recv() sees EOF
       }
-      if (cmd == "get_server_list")
-        reply(fds[i].fd, '0', "");
-      else
+      if (cmd == "get_server_list") {
+        std::string list;
+        for (const auto& [pid, clients] : fake_servers()) list += std::to_string(pid) + "\n";
+        reply(fds[i].fd, '0', list);
+      } else if (cmd.rfind("get_client_list ", 0) == 0) {
+        const long want = std::atol(cmd.c_str() + std::strlen("get_client_list "));
+        std::string list;
+        for (const auto& [pid, clients] : fake_servers())
+          if (pid == want)
+            for (long c = 0; c < clients; ++c) list += std::to_string(900000 + c) + "\n";
+        reply(fds[i].fd, '0', list);
+      } else
         reply(fds[i].fd, '1', "Unknown command: " + cmd + "\n");
       ++i;
     }
   }
+}
+
+// FAKE_MPS_SERVERS="PID:CLIENTS,...": the servers get_server_list reports
+// (tests point PID at a process of the user the server would serve).
+std::vector<std::pair<long, long>> fake_servers() {
+  std::vector<std::pair<long, long>> out;
+  const char* v = std::getenv("FAKE_MPS_SERVERS");
+  if (v == nullptr) return out;
+  std::string s = v;
+  std::size_t pos = 0;
+  while (pos < s.size()) {
+    std::size_t end = s.find(',', pos);
+    if (end == std::string::npos) end = s.size();
+    const std::string item = s.substr(pos, end - pos);
+    const auto colon = item.find(':');
+    if (colon != std::string::npos) out.emplace_back(std::atol(item.c_str()), std::atol(item.c_str() + colon + 1));
+    pos = end + 1;
+  }
+  return out;
 }
 
 int run_daemon(bool foreground) {

@@ -232,6 +232,20 @@ TEST_F(MpsTest, StaleSocketFileDoesNotStopAStart) {
   EXPECT_TRUE(mps::daemon_running(pipe_));
 }
 
+TEST_F(MpsTest, ServersSaysWhichUserEachServerServes) {
+  EXPECT_TRUE(mps::servers(fake_opts()).empty()) << "no daemon, no servers";
+  // Server 1: this process (so our user), 2 clients; server 2: no such PID.
+  ::setenv("FAKE_MPS_SERVERS", (std::to_string(::getpid()) + ":2,999999999:1").c_str(), 1);
+  mps::EnsureResult r = mps::ensure_daemon(fake_opts());
+  ::unsetenv("FAKE_MPS_SERVERS");
+  ASSERT_TRUE(r.started);
+  const std::vector<mps::Server> s = mps::servers(fake_opts());
+  ASSERT_EQ(s.size(), 1u);
+  EXPECT_EQ(s[0].pid, ::getpid());
+  EXPECT_EQ(s[0].uid, ::getuid());
+  EXPECT_EQ(s[0].clients, 2u);
+}
+
 TEST_F(MpsTest, AlreadyRunningDaemonIsUsedWithoutStartingAnother) {
   fs::create_directories(pipe_);
   int s = listen_at(pipe_ + "/control", SOCK_SEQPACKET);

@@ -25,6 +25,7 @@ enum class Option : unsigned {
   kSysconfdir,       // NVTASKSET_SYSCONFDIR (tests)
   kNvdebugRoot,      // NVTASKSET_NVDEBUG_ROOT (tests)
   kStatusDir,        // NVTASKSET_STATUS_DIR (tests)
+  kMpsOtherUser,     // NVTASKSET_MPS_OTHER_USER
 };
 
 enum class OptionKind { kChoice, kPath, kInternal };
@@ -62,6 +63,8 @@ inline constexpr OptionDesc kOptions[] = {
     {Option::kNvdebugRoot, "NVTASKSET_NVDEBUG_ROOT", OptionKind::kPath, "", false, "/proc for nvdebug (tests)"},
     {Option::kStatusDir, "NVTASKSET_STATUS_DIR", OptionKind::kPath, "", false,
      "where the public status entries live instead of /dev/shm (tests)"},
+    {Option::kMpsOtherUser, "NVTASKSET_MPS_OTHER_USER", OptionKind::kChoice, "wait|fail", true,
+     "the MPS server serves another user's clients: start anyway and wait for them (said in one line), or fail"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }

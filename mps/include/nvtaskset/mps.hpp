@@ -3,9 +3,12 @@
 // co-run instead of time-slicing (docs/hardware.md, "%smid and MPS").
 #pragma once
 
+#include <sys/types.h>
+
 #include <chrono>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace nvtaskset::mps {
 
@@ -63,6 +66,20 @@ EnsureResult ensure_daemon(const Options& opts = {});
 // The line the CLI prints to stderr after starting a daemon, saying how to stop
 // it (no trailing newline); empty when r.started is false.
 std::string started_message(const EnsureResult& r);
+
+// An MPS server the control daemon runs. One server serves one Unix user at
+// a time: a client of another user waits until every client of this one has
+// exited (measured on H200, docs/hardware.md "MPS").
+struct Server {
+  pid_t pid = 0;
+  uid_t uid = 0;             // the user it serves (the owner of /proc/<pid>)
+  unsigned clients = 0;      // its client processes now
+};
+
+// The servers of the daemon at pipe_directory(), from the control program's
+// `get_server_list` and `get_client_list PID` (run as a client, at most a few
+// seconds). Empty when no daemon answers or it runs no server.
+std::vector<Server> servers(const Options& opts = {});
 
 namespace detail {
 // Where log_directory() looks, injectable so tests can make the system
