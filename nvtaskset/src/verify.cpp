@@ -555,12 +555,12 @@ int probe_main(int argc, char** argv) {
         sms = probe.run();
       } catch (const std::exception& e) {
         if (!drv.wedged()) throw;
-        // A kernel that never ran: tearing down would block on it. The
-        // checking side reports it and kills this process; only the
-        // private MPS pipe directory is removed first (no GPU call).
+        // A kernel that never ran: tearing down would block on it. Only
+        // the private MPS pipe directory is removed (no GPU call), before
+        // the answer: the checking side kills this process once it has it.
+        drv.restore_environment();
         std::printf("timeout\n");
         std::fflush(stdout);
-        drv.restore_environment();
         ::_exit(3);
       }
       std::string out = "blocks";
