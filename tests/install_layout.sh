@@ -22,6 +22,10 @@ out=$(NVTASKSET_REAL_LIBCUDA="$fake" FAKECUDA_RECORD="$prefix/record" "$prefix/b
       "$launcher" --kernels 1 --print-env LD_LIBRARY_PATH)
 case "$out" in *"$prefix/lib/nvtaskset"*) ;; *) echo "task did not get the installed shim: $out"; exit 1;; esac
 grep -q ' 0xfffffffffffffffd launch$' "$prefix/record" || { echo "mask not applied: $(cat "$prefix/record")"; exit 1; }
+# --verify: the installed CLI starts its probe process, which loads the
+# installed shim (the stand-in runs the probe kernel).
+out=$(NVTASKSET_REAL_LIBCUDA="$fake" "$prefix/bin/nvtaskset" --verify --seed 1) || { echo "--verify failed: $out"; exit 1; }
+case "$out" in *"PASS: all 23 partitions"*) ;; *) echo "--verify did not pass: $out"; exit 1;; esac
 # Shell completion: installed, and it completes options and the PIDs of
 # partitioned tasks.
 comp="$prefix/share/bash-completion/completions/nvtaskset"
@@ -31,6 +35,7 @@ complete_words() {  # the words bash would offer for the command line "$@" (last
 }
 complete_words nvtaskset --sys | grep -qx -- --system-wide || { echo "completion: no --system-wide"; exit 1; }
 complete_words nvtaskset --system-wide e | grep -qx enable || { echo "completion: no enable"; exit 1; }
+complete_words nvtaskset --ver | grep -qx -- --verify || { echo "completion: no --verify"; exit 1; }
 NVTASKSET_REAL_LIBCUDA="$fake" FAKECUDA_RECORD="$prefix/record2" "$prefix/bin/nvtaskset" --no-mps -t 1 \
   "$launcher" --until-file "$prefix/until" --interval-ms 5 --ready-file "$prefix/ready" >/dev/null &
 for _ in $(seq 200); do test -f "$prefix/ready" && break; sleep 0.05; done

@@ -39,6 +39,7 @@
 #include "nvtaskset/status.hpp"
 #include "nvtaskset/system_wide.hpp"
 #include "nvtaskset/topology.hpp"
+#include "nvtaskset/verify.hpp"
 
 extern char** environ;
 
@@ -386,6 +387,8 @@ struct Options {
   bool verbose = false;
   bool status = false;
   bool all_tasks = false;  // -a: with -p, the task and its descendants
+  bool verify = false;
+  std::optional<std::string> seed;  // --seed, with --verify
 };
 
 // The sharing context of a launch or change: the public status of the other
@@ -524,6 +527,15 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
     check_mps_user();
   }
   exec_task(cmd, task_environment(env, shim_dir, encode_partitions(parts), devices.driver_path()));
+}
+
+// --verify (verify.hpp) checks partitions of its own on one GPU.
+int do_verify(const Options& o) {
+  if (o.pid_mode || o.show_topology || o.calibrate || o.json || !o.system_wide.empty() || !o.positionals.empty())
+    throw Failure("--verify takes only -d, --seed and --topology-file");
+  if (o.requests.size() > 1 || (o.requests.size() == 1 && o.requests[0].kind != SpecKind::kNone))
+    throw Failure("--verify checks partitions of its own: give it no TPC or GPC list or mask");
+  return verify::run({o.requests.empty() ? "" : o.requests[0].device, o.seed, o.topology_file, o.shim_dir});
 }
 
 // What the shim reports about a task, beyond its partition.
@@ -806,7 +818,8 @@ const char* kUsage =
     "  nvtaskset -p [-a] [MASK | -t LIST | -g LIST | -n COUNT | --physical MASK] PID\n"
     "  nvtaskset -p [-a] [--show list|mask|gpcs|physical | --json] PID\n"
     "  nvtaskset --status [--json]\n"
-    "  nvtaskset --topology [--json] | --calibrate [--json] | --system-wide enable|disable|status\n";
+    "  nvtaskset --topology [--json] | --calibrate [--json] | --system-wide enable|disable|status\n"
+    "  nvtaskset --verify [-d DEV] [--seed N]\n";
 
 const char* kDescription =
     "Run a command on a chosen set of GPU TPCs, or change the TPCs of a running process.\n"
@@ -831,7 +844,8 @@ const char* kExamples =
     "  nvtaskset -a -p -t 0-7 4242           pid 4242 and every process it started\n"
     "  nvtaskset -p --show mask 4242         the same, as a hex mask over TPC IDs\n"
     "  nvtaskset -p --json 4242              the same query as JSON, with graph and cluster counts\n"
-    "  nvtaskset --topology                  GPCs, TPCs and mask bits of each GPU\n";
+    "  nvtaskset --topology                  GPCs, TPCs and mask bits of each GPU\n"
+    "  nvtaskset --verify                    check on GPU 0 that kernels run on exactly their TPCs\n";
 
 // The environment block of --help, from the one table of options.
 std::string environment_help() {
@@ -952,6 +966,11 @@ int run(int argc, char** argv) {
                  "disable: undo; status: show")
       ->type_name("enable|disable|status")
       ->check(CLI::IsMember({"enable", "disable", "status"}));
+  app.add_flag("--verify", o.verify,
+               "check on the GPU, through the shim, that kernels run on exactly their TPCs (20 random TPC lists, "
+               "each GPC); exit 2 if not");
+  app.add_option("--seed", o.seed, "with --verify: seed of the random TPC lists (default: random, printed)")
+      ->type_name("N");
   app.formatter(std::make_shared<HelpFormatter>());
   app.prefix_command();
 
@@ -999,6 +1018,7 @@ int run(int argc, char** argv) {
     }
 
     if (!o.show.empty() && !o.pid_mode) throw Failure("--show goes with -p");
+    if (o.seed && !o.verify) throw Failure("--seed goes with --verify");
     if (o.all_tasks && !o.pid_mode) throw Failure("-a goes with -p");
     if (o.spread && counts.empty()) throw Failure("--spread goes with -n");
     if (o.status) {
@@ -1008,6 +1028,7 @@ int run(int argc, char** argv) {
       return print_status(devices, o.json);
     }
     o.shim_dir = find_shim_dir(self_exe());
+    if (o.verify) return do_verify(o);
     if (!o.system_wide.empty()) return system_wide(o.system_wide, o.shim_dir);
     if (o.show_topology || o.calibrate) {
       Devices devices(shim_copies(o.shim_dir), o.topology_file);

@@ -25,6 +25,11 @@
 //   FAKECUDA_CHILD_NODES   accept|refuse|ignore: what cuGraphNodeSetEnabled
 //                          does with a kernel node of a child graph (default
 //                          accept, as measured; see "CUDA graphs" below)
+//   FAKECUDA_TPC_BITS      the chip's layout: comma-separated, the TMD mask
+//                          bit that controls logical TPC 0, 1, ... (one per
+//                          TPC, distinct, < 128; default: bit k controls TPC
+//                          k, as before Hopper). Only the probe kernel below
+//                          obeys it.
 // The layout field gets a trailing '!' when a callback changed any TMD byte
 // outside the mask field and its valid bit: a shim writing at the wrong
 // offsets must not go unnoticed.
@@ -44,21 +49,38 @@
 // otherwise, so tests prove the shim reports such execs instead of trusting them.
 // Cluster dimensions (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, on cuLaunchKernelEx
 // or a kernel node) are written into the TMD where the layout keeps them.
+//
+// Kernels: the stand-in runs exactly one, `nvtaskset --verify`'s block-SM
+// probe (topology/kernels/block_smid.cu), recognised by its entry name in the
+// PTX it is loaded from. It places the probe's blocks as the hardware does
+// under the TPC-disable mask the TMD holds once the callbacks ran: only on
+// the SMs 2k and 2k+1 of the logical TPCs k whose mask bit (FAKECUDA_TPC_BITS)
+// is enabled, one block per SM in turn; a mask that enables no TPC makes the
+// kernel wait forever (cuStreamQuery keeps answering CUDA_ERROR_NOT_READY).
+// That placement is what real GPUs were measured to do: on H100 and H200
+// every block of a kernel ran on exactly the TPCs its mask enabled, and a
+// mask with no working TPC hung the kernel (docs/verification.md, "The
+// partition is what the hardware obeys"; docs/hardware.md). Any other module
+// fails to load, so calibration on the stand-in still fails cleanly. Device
+// memory is host memory.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 // Everything cuda.h declares is part of the exported API; the rest of this
@@ -131,6 +153,7 @@ struct Config {
   const LayoutSpec* layout = nullptr;
   Bits128 initial_mask;
   std::string record_path;
+  std::vector<unsigned> tpc_bits;  // FAKECUDA_TPC_BITS: the mask bit of each logical TPC
 };
 
 long parse_int(const char* name, const char* v, long lo, long hi) {
@@ -177,6 +200,23 @@ Config load_config() {
   if (!c.layout) fatal("bad value for FAKECUDA_TMD_LAYOUT (v1|v3|v4|v5|unknown)", want);
   if (const char* v = std::getenv("FAKECUDA_INITIAL_MASK")) c.initial_mask = parse_hex128("FAKECUDA_INITIAL_MASK", v);
   if (const char* v = std::getenv("FAKECUDA_RECORD")) c.record_path = v;
+  const unsigned tpcs = c.sm_count / 2;
+  if (const char* v = std::getenv("FAKECUDA_TPC_BITS")) {
+    std::string_view rest = v;
+    Bits128 seen;
+    while (!rest.empty()) {
+      const std::size_t comma = rest.find(',');
+      const std::string item(rest.substr(0, comma));
+      const long bit = parse_int("FAKECUDA_TPC_BITS", item.c_str(), 0, 127);
+      if (seen.test(static_cast<unsigned>(bit))) fatal("a bit given twice in", "FAKECUDA_TPC_BITS");
+      seen.set(static_cast<unsigned>(bit));
+      c.tpc_bits.push_back(static_cast<unsigned>(bit));
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+    }
+    if (c.tpc_bits.size() != tpcs) fatal("FAKECUDA_TPC_BITS must name one bit per TPC (FAKECUDA_SM_COUNT / 2)", v);
+  } else {
+    for (unsigned k = 0; k < tpcs; ++k) c.tpc_bits.push_back(k);
+  }
   if (const char* v = std::getenv("FAKECUDA_CHILD_NODES")) {
     if (std::strcmp(v, "accept") == 0) c.child_nodes = ChildNodes::kAccept;
     else if (std::strcmp(v, "refuse") == 0) c.child_nodes = ChildNodes::kRefuse;
@@ -419,6 +459,85 @@ CUresult launch(const Cluster& cl = {}) {
   return CUDA_SUCCESS;
 }
 
+// --- the one kernel the stand-in runs (see "Kernels" at the top) -----------------
+
+constexpr const char* kProbeEntry = "nvtaskset_record_block_smid";
+struct FakeModule {
+  int unused;
+};
+struct FakeFunction {
+  int unused;
+};
+FakeModule g_probe_module;
+FakeFunction g_probe_function;
+
+bool is_probe(CUfunction f) { return reinterpret_cast<FakeFunction*>(f) == &g_probe_function; }
+
+// Device memory is host memory; the allocations are known, so a pointer
+// outside them is an error, as it would be on a GPU.
+std::mutex g_memory_mutex;
+std::map<std::uintptr_t, std::size_t> g_allocations;  // start -> bytes
+
+bool device_range(CUdeviceptr p, std::size_t bytes) {
+  std::lock_guard lock(g_memory_mutex);
+  auto it = g_allocations.upper_bound(static_cast<std::uintptr_t>(p));
+  if (it == g_allocations.begin()) return false;
+  --it;
+  return p >= it->first && p - it->first <= it->second && bytes <= it->second - (p - it->first);
+}
+
+// A stream holding a kernel that can never run stays busy forever, and so
+// does everything queued after it.
+struct FakeStream {
+  std::atomic<bool> stuck{false};
+};
+FakeStream g_default_stream;
+
+FakeStream* stream_of(CUstream s) {
+  if (s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return &g_default_stream;
+  return reinterpret_cast<FakeStream*>(s);
+}
+
+// Runs the probe kernel as the hardware would with TMD `t` (the callbacks
+// have run): block b writes the SM it ran on, plus one, into out[b].
+CUresult run_probe(const Tmd& t, std::uint64_t blocks, FakeStream* stream, void** params) {
+  if (params == nullptr || params[0] == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr out = 0;
+  std::memcpy(&out, params[0], sizeof out);
+  if (blocks == 0 || blocks > (1u << 20) || !device_range(out, blocks * 4)) return CUDA_ERROR_INVALID_VALUE;
+  if (stream->stuck.load()) return CUDA_SUCCESS;  // queued behind a kernel that never runs
+  const Config& c = config();
+  const LayoutSpec& spec = *c.layout;
+  // The hardware reads a mask only where the layout has one, and on V04/V05
+  // only with its valid bit set.
+  Bits128 disable;
+  if (spec.layout != tmd::Layout::kUnknown && tmd::mask_valid(t.image, spec.layout))
+    disable = tmd::read_disable_mask(t.image, spec.layout);
+  std::vector<unsigned> sms;
+  for (unsigned k = 0; k < c.tpc_bits.size(); ++k)
+    if (!disable.test(c.tpc_bits[k])) {
+      sms.push_back(2 * k);
+      sms.push_back(2 * k + 1);
+    }
+  if (sms.empty()) {
+    stream->stuck.store(true);  // no enabled TPC: the kernel never runs (docs/hardware.md)
+    return CUDA_SUCCESS;
+  }
+  auto* words = reinterpret_cast<std::uint32_t*>(static_cast<std::uintptr_t>(out));
+  for (std::uint64_t b = 0; b < blocks; ++b) words[b] = sms[b % sms.size()] + 1;
+  return CUDA_SUCCESS;
+}
+
+CUresult load_module(CUmodule* m, const void* image) {
+  if (!m || !image) return CUDA_ERROR_INVALID_VALUE;
+  if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
+  // PTX is NUL-terminated text naming its entries.
+  if (std::strstr(static_cast<const char*>(image), ".entry nvtaskset_record_block_smid(") == nullptr)
+    return CUDA_ERROR_NOT_SUPPORTED;
+  *m = reinterpret_cast<CUmodule>(&g_probe_module);
+  return CUDA_SUCCESS;
+}
+
 // --- CUDA graphs ----------------------------------------------------------------
 struct FakeGraph;
 struct FakeNode {
@@ -544,6 +663,7 @@ constexpr ErrorText kErrors[] = {
     {CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle"},
     {CUDA_ERROR_NOT_FOUND, "CUDA_ERROR_NOT_FOUND", "named symbol not found"},
     {CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
+    {CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready"},
     {CUDA_ERROR_UNKNOWN, "CUDA_ERROR_UNKNOWN", "unknown error"},
 };
 
@@ -636,6 +756,9 @@ CUresult CUDAAPI cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevi
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: *pi = c.cc_major >= 9 ? 2048 : 1536; break;
     case CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: *pi = c.cc_major >= 9 ? 32 : 16; break;
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: *pi = 49152; break;
+    // H100/H200: 227 KiB per block (opt-in) of 228 KiB per SM; sm_86: 99 of 100.
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: *pi = c.cc_major >= 9 ? 232448 : 101376; break;
+    case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: *pi = c.cc_major >= 9 ? 233472 : 102400; break;
     case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: *pi = 1500000; break;
     case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: *pi = 1; break;
     case CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH: *pi = c.cc_major >= 9 ? 1 : 0; break;
@@ -723,7 +846,12 @@ CUresult CUDAAPI cuCtxSynchronize(void) {
   return g_initialized.load(std::memory_order_acquire) ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
-CUresult CUDAAPI cuStreamSynchronize(CUstream) { return cuCtxSynchronize(); }
+CUresult CUDAAPI cuStreamSynchronize(CUstream s) {
+  if (CUresult r = cuCtxSynchronize()) return r;
+  // As on a GPU: a kernel that never runs is waited for forever.
+  while (stream_of(s)->stuck.load()) std::this_thread::sleep_for(std::chrono::seconds(1));
+  return CUDA_SUCCESS;
+}
 
 CUresult CUDAAPI cuGetErrorString(CUresult error, const char** str) {
   if (!str) return CUDA_ERROR_INVALID_VALUE;
@@ -758,9 +886,14 @@ CUresult CUDAAPI cuGetExportTable(const void** table, const CUuuid* id) {
   return CUDA_SUCCESS;
 }
 
-CUresult CUDAAPI cuLaunchKernel(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
-                                unsigned int, unsigned int, CUstream, void**, void**) {
-  return launch();
+CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int,
+                                unsigned int, unsigned int, unsigned int, CUstream s, void** params, void**) {
+  if (!is_probe(f)) return launch();
+  if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
+  Tmd t;
+  build_tmd(t, {});
+  run_tmd(t, "launch");
+  return run_probe(t, std::uint64_t{gx} * gy * gz, stream_of(s), params);
 }
 
 CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction, void**, void**) {
@@ -948,11 +1081,12 @@ CUresult CUDAAPI cuGraphExecUpdate(CUgraphExec e, CUgraph g, CUgraphNode*, CUgra
   return r;
 }
 
-// The stand-in cannot run kernels: anything that needs device code or device
-// memory fails cleanly, so GPU calibration reports an error instead of hanging.
-CUresult CUDAAPI cuModuleLoadData(CUmodule*, const void*) { return CUDA_ERROR_NOT_SUPPORTED; }
-CUresult CUDAAPI cuModuleLoadDataEx(CUmodule*, const void*, unsigned int, CUjit_option*, void**) {
-  return CUDA_ERROR_NOT_SUPPORTED;
+// The stand-in runs only the probe kernel (see "Kernels" at the top): any
+// other device code fails to load, cleanly, so GPU calibration reports an
+// error instead of hanging.
+CUresult CUDAAPI cuModuleLoadData(CUmodule* m, const void* image) { return load_module(m, image); }
+CUresult CUDAAPI cuModuleLoadDataEx(CUmodule* m, const void* image, unsigned int, CUjit_option*, void**) {
+  return load_module(m, image);
 }
 CUresult CUDAAPI cuModuleLoad(CUmodule*, const char*) { return CUDA_ERROR_NOT_SUPPORTED; }
 CUresult CUDAAPI cuModuleLoadFatBinary(CUmodule*, const void*) { return CUDA_ERROR_NOT_SUPPORTED; }
@@ -960,19 +1094,58 @@ CUresult CUDAAPI cuLibraryLoadData(CUlibrary*, const void*, CUjit_option*, void*
                                    CUlibraryOption*, void**, unsigned int) {
   return CUDA_ERROR_NOT_SUPPORTED;
 }
-CUresult CUDAAPI cuModuleUnload(CUmodule) { return CUDA_ERROR_INVALID_HANDLE; }
-CUresult CUDAAPI cuModuleGetFunction(CUfunction*, CUmodule, const char*) { return CUDA_ERROR_INVALID_HANDLE; }
-CUresult CUDAAPI cuFuncSetAttribute(CUfunction, CUfunction_attribute, int) { return CUDA_ERROR_INVALID_HANDLE; }
-CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessor(int*, CUfunction, int, size_t) {
-  return CUDA_ERROR_INVALID_HANDLE;
+CUresult CUDAAPI cuModuleUnload(CUmodule m) {
+  return reinterpret_cast<FakeModule*>(m) == &g_probe_module ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+CUresult CUDAAPI cuModuleGetFunction(CUfunction* f, CUmodule m, const char* name) {
+  if (!f || !name) return CUDA_ERROR_INVALID_VALUE;
+  if (reinterpret_cast<FakeModule*>(m) != &g_probe_module) return CUDA_ERROR_INVALID_HANDLE;
+  if (std::strcmp(name, kProbeEntry) != 0) return CUDA_ERROR_NOT_FOUND;
+  *f = reinterpret_cast<CUfunction>(&g_probe_function);
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuFuncSetAttribute(CUfunction f, CUfunction_attribute, int) {
+  return is_probe(f) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+// One probe block per SM: it asks for more shared memory than half an SM has.
+CUresult CUDAAPI cuOccupancyMaxActiveBlocksPerMultiprocessor(int* n, CUfunction f, int, size_t) {
+  if (!n) return CUDA_ERROR_INVALID_VALUE;
+  if (!is_probe(f)) return CUDA_ERROR_INVALID_HANDLE;
+  *n = 1;
+  return CUDA_SUCCESS;
 }
 CUresult CUDAAPI cuOccupancyMaxActiveClusters(int*, CUfunction, const CUlaunchConfig*) {
   return CUDA_ERROR_INVALID_HANDLE;
 }
-CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr*, size_t) { return CUDA_ERROR_NOT_SUPPORTED; }
-CUresult CUDAAPI cuMemFree_v2(CUdeviceptr) { return CUDA_ERROR_INVALID_VALUE; }
-CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr, const void*, size_t, CUstream) { return CUDA_ERROR_INVALID_VALUE; }
-CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void*, CUdeviceptr, size_t, CUstream) { return CUDA_ERROR_INVALID_VALUE; }
+CUresult CUDAAPI cuMemAlloc_v2(CUdeviceptr* p, size_t bytes) {
+  if (!p) return CUDA_ERROR_INVALID_VALUE;
+  if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
+  void* mem = std::malloc(bytes ? bytes : 1);
+  if (!mem) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::lock_guard lock(g_memory_mutex);
+  g_allocations[reinterpret_cast<std::uintptr_t>(mem)] = bytes;
+  *p = reinterpret_cast<std::uintptr_t>(mem);
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuMemFree_v2(CUdeviceptr p) {
+  std::lock_guard lock(g_memory_mutex);
+  auto it = g_allocations.find(static_cast<std::uintptr_t>(p));
+  if (it == g_allocations.end()) return CUDA_ERROR_INVALID_VALUE;
+  std::free(reinterpret_cast<void*>(it->first));
+  g_allocations.erase(it);
+  return CUDA_SUCCESS;
+}
+// A copy queued behind a kernel that never runs never happens either.
+CUresult CUDAAPI cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, size_t bytes, CUstream s) {
+  if (!src || !device_range(dst, bytes)) return CUDA_ERROR_INVALID_VALUE;
+  if (!stream_of(s)->stuck.load()) std::memcpy(reinterpret_cast<void*>(static_cast<std::uintptr_t>(dst)), src, bytes);
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, size_t bytes, CUstream s) {
+  if (!dst || !device_range(src, bytes)) return CUDA_ERROR_INVALID_VALUE;
+  if (!stream_of(s)->stuck.load()) std::memcpy(dst, reinterpret_cast<const void*>(static_cast<std::uintptr_t>(src)), bytes);
+  return CUDA_SUCCESS;
+}
 
 // Host memory is plain memory here.
 CUresult CUDAAPI cuMemAllocHost_v2(void** p, size_t bytes) {
@@ -986,18 +1159,23 @@ CUresult CUDAAPI cuMemFreeHost(void* p) {
   return CUDA_SUCCESS;
 }
 
-// Streams exist (nothing ever runs on them, so they are always idle).
+// Streams: work completes at once, except behind a probe kernel that can
+// never run (see run_probe), where it waits forever.
 CUresult CUDAAPI cuStreamCreate(CUstream* s, unsigned int) {
   if (!s) return CUDA_ERROR_INVALID_VALUE;
   if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
-  *s = reinterpret_cast<CUstream>(new int(0));
+  *s = reinterpret_cast<CUstream>(new FakeStream);
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI cuStreamDestroy_v2(CUstream s) {
-  delete reinterpret_cast<int*>(s);
+  if (stream_of(s) == &g_default_stream) return CUDA_ERROR_INVALID_HANDLE;
+  delete reinterpret_cast<FakeStream*>(s);
   return CUDA_SUCCESS;
 }
-CUresult CUDAAPI cuStreamQuery(CUstream) { return cuCtxSynchronize(); }
+CUresult CUDAAPI cuStreamQuery(CUstream s) {
+  if (CUresult r = cuCtxSynchronize()) return r;
+  return stream_of(s)->stuck.load() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
 
 CUresult CUDAAPI cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t,
                                      CUdriverProcAddressQueryResult* status) {

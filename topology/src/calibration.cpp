@@ -32,6 +32,7 @@ namespace nvtaskset::topo {
 
 const char* smid_kernel_ptx() { return kSmidKernelPtx; }
 const char* cluster_kernel_ptx() { return kClusterKernelPtx; }
+const char* block_smid_kernel_ptx() { return kBlockSmidKernelPtx; }
 
 using detail::fail;
 using detail::is_tpc_pair;

@@ -80,5 +80,6 @@ Topology calibrate(CudaDriver& driver, const DeviceInfo& dev, const ProgressFn& 
 // The embedded PTX (topology/src/kernels_ptx.inc, made by topology/kernels/regen.sh).
 const char* smid_kernel_ptx();
 const char* cluster_kernel_ptx();
+const char* block_smid_kernel_ptx();  // nvtaskset --verify's probe (block_probe.hpp)
 
 }  // namespace nvtaskset::topo
