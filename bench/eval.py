@@ -29,6 +29,7 @@ a timeout; MPS is stopped at the end, on errors and on SIGTERM/SIGINT.
 import argparse
 import array
 import bisect
+import csv
 import ctypes
 import json
 import math
@@ -478,10 +479,12 @@ def read_u64(path):
 
 
 def write_csv(name, header, rows):
-    with open(os.path.join(OUT, name), "w") as f:
-        f.write(",".join(header) + "\n")
+    # The csv module quotes a field that holds a comma (granularity.csv's TPC list "0-1,8-9,16").
+    with open(os.path.join(OUT, name), "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(header)
         for r in rows:
-            f.write(",".join("" if x is None else (fmt(x, 4) if isinstance(x, float) else str(x)) for x in r) + "\n")
+            w.writerow("" if x is None else (fmt(x, 4) if isinstance(x, float) else str(x)) for x in r)
 
 
 # ---- Fig. 11a: start-up ------------------------------------------------------------------------------------

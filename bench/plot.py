@@ -55,6 +55,25 @@ def read_csv(name):
         return list(csv.DictReader(f))
 
 
+def read_granularity():
+    """granularity.csv. Files written before eval.py quoted its fields have the TPC list (which
+    holds commas) unquoted: layout,tpcs,sms,<list spread over several fields>,i,ms; so the last
+    two fields are i and ms, and the list is what lies between."""
+    path = find("granularity.csv")
+    if not os.path.exists(path):
+        return None
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        return None
+    out = []
+    for r in rows[1:]:
+        if len(r) < 6:
+            continue
+        out.append(dict(layout=r[0], tpcs=r[1], sms=r[2], list=",".join(r[3:-2]), i=r[-2], ms=r[-1]))
+    return out
+
+
 def num(x):
     try:
         return float(x)
@@ -180,17 +199,21 @@ def fig_enforcement(out):
     scenarios = [("corun-mem", "memory-bound interferer"), ("corun-compute", "compute-bound interferer"),
                  ("corun-short", "many short kernels"), ("three-task", "three tasks: 50% + 25% + 25%"),
                  ("alone", "alone (run-to-run noise)")]
-    fig, axes = plt.subplots(1, len(scenarios), figsize=(18, 4.6), sharey=False)
+    fig, grid = plt.subplots(2, 3, figsize=(13, 7.6))
+    axes = list(grid.flat)
     for ax, (sc, title) in zip(axes, scenarios):
         mechs = [m for m in MECH_ORDER if any(r["mechanism"] == m and r["scenario"] == sc for r in rows)]
         data = [[num(r["iter_ms"]) / alone[m] for r in rows if r["mechanism"] == m and r["scenario"] == sc
                  and r["accepted"] == "1"] for m in mechs]
-        boxes(ax, data, [MECH_NAMES.get(m, m) for m in mechs], [COLORS.get(m, "#aec7e8") for m in mechs])
+        labels = [MECH_NAMES.get(m, m) + (f"\n{median(v):.2f}x" if v else "") for m, v in zip(mechs, data)]
+        boxes(ax, data, labels, [COLORS.get(m, "#aec7e8") for m in mechs])
         ax.axhline(1.0, color="black", lw=0.8, ls="--")
         ax.set_title(title, fontsize=10)
+        ax.set_ylabel("iteration time / alone", fontsize=8)
         top = max((max(v) for v in data if v), default=1)
         if top > 3:
             log_axis(ax.yaxis)
+        ax.grid(alpha=0.3, axis="y", which="both")
         for lab in ax.get_xticklabels():
             lab.set_fontsize(7)
         for i, m in enumerate(mechs):
@@ -198,14 +221,28 @@ def fig_enforcement(out):
             if r not in (None, "", "0"):
                 ax.text(i + 1, 0.99, f"{r} rej.", transform=ax.get_xaxis_transform(), ha="center", va="top",
                         fontsize=6, color="gray")
-    axes[0].set_ylabel("iteration time / alone in the same partition")
-    fig.suptitle("Fig. 12: partition enforcement; FP32 SGEMM in half the GPU, interferer in the other half "
-                 "(whiskers min-max, red dash p99; samples where the interferer finished no kernel rejected)\n"
+    # The ratios are to each mechanism's own alone time, and those differ: without an SM limit
+    # (time-sliced, MPS) the task alone has every SM, in a partition about half of them.
+    ax = axes[len(scenarios)]
+    mechs = [m for m in MECH_ORDER if m in alone]
+    ax.bar(range(len(mechs)), [alone[m] for m in mechs], color=[COLORS.get(m, "#aec7e8") for m in mechs], alpha=0.75)
+    for i, m in enumerate(mechs):
+        ax.text(i, alone[m], f"{alone[m]:.2f}", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(mechs)))
+    ax.set_xticklabels([MECH_NAMES.get(m, m) for m in mechs], fontsize=7)
+    ax.set_ylabel("median SGEMM iteration alone (ms)", fontsize=8)
+    ax.set_ylim(0, max(alone.values(), default=1) * 1.2)
+    ax.set_title("the baselines: the task alone (ms)", fontsize=10)
+    for ax in axes[len(scenarios) + 1:]:
+        ax.axis("off")
+    fig.suptitle("Fig. 12: partition enforcement: FP32 SGEMM in half the GPU, interferer in the other half\n"
+                 "iteration time / the same task alone in the same partition; whiskers min-max, red dash p99, "
+                 "median under each name;\nsamples where the interferer finished no kernel rejected. "
                  "nvt = nvtaskset (striped TPC list / whole GPCs); MPS 50% = CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50; "
-                 "green ctx = green contexts in one process", fontsize=9)
-    fig.tight_layout(rect=(0, 0, 1, 0.93))
+                 "green ctx = green contexts in one process", fontsize=8.5)
+    fig.tight_layout()
     path = os.path.join(out, "fig12_enforcement.png")
-    fig.savefig(path, dpi=130)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
 
@@ -237,7 +274,15 @@ def fig_trace(out):
             ax.axvspan(s, e, color=palette[i % 2], lw=0)
         a1.text((s + e) / 2, 1.01, g.replace("enforce/", ""), transform=a1.get_xaxis_transform(), ha="center",
                 va="bottom", fontsize=6, rotation=60)
-    fig.suptitle("Fig. 12 (trace): NVML SM clock and power during the evaluation", fontsize=10, y=0.995)
+    reasons = sorted({r.get("clock_event_reasons", "") for r in rows} - {""})
+    temps = [num(r.get("temp_c")) for r in rows if num(r.get("temp_c")) == num(r.get("temp_c"))]
+    extra = f"; NVML clock-event reasons seen: {', '.join(reasons) or 'none'}"
+    if temps:
+        extra += f"; GPU temperature {min(temps):.0f}-{max(temps):.0f} C"
+    step = median([b - a for a, b in zip(t, t[1:])]) * 1000 if len(t) > 1 else float("nan")
+    fig.suptitle(f"Fig. 12 (trace): NVML SM clock and power during the evaluation (sampled every ~{step:.0f} ms)"
+                 f"{extra}",
+                 fontsize=10, y=0.995)
     fig.tight_layout()
     path = os.path.join(out, "fig12_trace.png")
     fig.savefig(path, dpi=130)
@@ -264,7 +309,7 @@ def mech_sizes(row, sms):
 
 
 def fig_granularity(out):
-    rows = read_csv("granularity.csv")
+    rows = read_granularity()
     mech = read_csv("mechanisms.csv") or []
     if not rows and not mech:
         return None
@@ -275,18 +320,23 @@ def fig_granularity(out):
             sms = json.load(f)["device"]["sm_count"]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(14, 4.8), gridspec_kw=dict(width_ratios=[3, 2]))
     if rows:
-        for layout, color in (("packed", "#1f77b4"), ("striped", "#ff7f0e")):
+        # Hollow big markers for packed, small filled ones and a dashed line for striped: where the
+        # two layouts take the same time the lines coincide and both stay visible.
+        for layout, color, style in (("packed", "#1f77b4", dict(marker="o", ms=7, mfc="none", ls="-")),
+                                     ("striped", "#ff7f0e", dict(marker="o", ms=3, ls="--"))):
             ks = sorted({int(r["tpcs"]) for r in rows if r["layout"] == layout})
             med = [median([num(r["ms"]) for r in rows if r["layout"] == layout and int(r["tpcs"]) == k]) for k in ks]
-            a1.plot(ks, med, marker="o", ms=3, color=color, label=f"{layout} ({'GPC by GPC' if layout == 'packed' else 'TPCs 0..k-1'})")
+            a1.plot(ks, med, color=color, **style,
+                    label=f"{layout} ({'GPC by GPC' if layout == 'packed' else 'TPCs 0..k-1, one GPC after another'})")
         full = [num(r["ms"]) for r in rows if r["layout"].startswith("all")]
         ks = sorted({int(r["tpcs"]) for r in rows if not r["layout"].startswith("all")})
         if full and ks:
             nt = max(int(r["tpcs"]) for r in rows)
             a1.plot(ks, [median(full) * nt / k for k in ks], ls=":", color="gray", label="ideal: all-TPC time x N/k")
         log_axis(a1.yaxis)
-        a1.set_xlabel("partition size (TPCs; 2 SMs each)")
-        a1.set_ylabel("SGEMM time (ms, median)")
+        log_axis(a1.xaxis)
+        a1.set_xlabel("partition size (TPCs; 2 SMs each; log scale)")
+        a1.set_ylabel("SGEMM n=4096 time (ms, median; log scale)")
         a1.set_title("Fig. 13: SGEMM time at every partition size (nvtaskset -p)")
         a1.legend(fontsize=8)
         a1.grid(alpha=0.3, which="both")
