@@ -25,6 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nvtaskset/control_region.hpp"
+#include "nvtaskset/cuda_driver_api.hpp"
 #include "nvtaskset/driver_locate.hpp"
 #include "nvtaskset/devices.hpp"
 #include "nvtaskset/idlist.hpp"
@@ -566,11 +567,12 @@ class HelpFormatter : public CLI::Formatter {
   }
 };
 
-// What a bug report needs: the version, the CUDA headers it was built with,
-// and the control-region protocol it speaks.
+// What a bug report needs: the version, the CUDA driver API version it was
+// built against (its own declarations, cudaapi/), and the control-region
+// protocol it speaks.
 std::string version_text() {
-  const int cuda = NVTASKSET_CUDA_HEADERS_VERSION;
-  return std::string("nvtaskset ") + NVTASKSET_VERSION + "\nbuilt with CUDA headers " + std::to_string(cuda / 1000) +
+  const int cuda = CUDA_VERSION;
+  return std::string("nvtaskset ") + NVTASKSET_VERSION + "\nbuilt against CUDA driver API " + std::to_string(cuda / 1000) +
          "." + std::to_string(cuda % 1000 / 10) + " (CUDA_VERSION " + std::to_string(cuda) +
          "), control region version " + std::to_string(ctl::kVersion);
 }
