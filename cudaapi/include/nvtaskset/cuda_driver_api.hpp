@@ -5,7 +5,7 @@
 //
 // Written from NVIDIA's CUDA Driver API reference (CUDA 13.0): every type,
 // enumerator value, struct layout and function signature here is part of the
-// driver's stable ABI. Only what the project uses is declared; an enumeration
+// driver's stable ABI, except the count CU_DEVICE_ATTRIBUTE_MAX. Only what the project uses is declared; an enumeration
 // lists only the enumerators the project names. Where the driver exports several
 // versions of a function, the exported, versioned name is declared (cuMemAlloc_v2,
 // ...): unlike cuda.h this header #defines no unversioned name to its newest
@@ -109,8 +109,9 @@ typedef enum CUdevice_attribute_enum {
   CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97,
   CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR = 106,
   CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH = 120,
-  // One past the last attribute of CUDA 13.0 (grows with each release; the
-  // stand-in driver answers 0 for the attributes below it that it does not model).
+  // One past the last attribute of CUDA 13.0, as its cuda.h has it (grows with
+  // each release; the stand-in driver answers 0 for the attributes below it
+  // that it does not model).
   CU_DEVICE_ATTRIBUTE_MAX = 148,
 } CUdevice_attribute;
 
