@@ -23,9 +23,7 @@
 //
 // The graph functions are taken through cuGetProcAddress as the CUDA runtime
 // (and so PyTorch) does; BENCH_DLSYM=1 takes them with dlsym instead. The
-// kernel comes from PTX text: building needs cuda.h only, no nvcc.
-#include <cuda.h>
-
+// kernel comes from PTX text: building needs no CUDA toolkit.
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <spawn.h>
@@ -41,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "nvtaskset/cuda_driver_api.hpp"
 #include "nvtaskset/partition.hpp"
 
 extern char** environ;

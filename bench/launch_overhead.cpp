@@ -19,8 +19,6 @@
 //   driver hook   no shim: the worker itself subscribes an empty callback to
 //                 the same driver hook, which isolates what the driver's
 //                 callback dispatch costs from what the shim adds.
-#include <cuda.h>
-
 #include <cstdint>
 #include <dlfcn.h>
 #include <spawn.h>
@@ -35,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "nvtaskset/cuda_driver_api.hpp"
 #include "nvtaskset/partition.hpp"
 
 extern char** environ;

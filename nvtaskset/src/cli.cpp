@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "nvtaskset/control_region.hpp"
+#include "nvtaskset/cuda_driver_api.hpp"
 #include "nvtaskset/driver_locate.hpp"
 #include "nvtaskset/devices.hpp"
 #include "nvtaskset/idlist.hpp"
@@ -531,7 +532,8 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
 
 // --verify (verify.hpp) checks partitions of its own on one GPU.
 int do_verify(const Options& o) {
-  if (o.pid_mode || o.show_topology || o.calibrate || o.json || !o.system_wide.empty() || !o.positionals.empty())
+  if (o.pid_mode || o.show_topology || o.calibrate || o.json || !o.system_wide.empty() || !o.positionals.empty() ||
+      o.status || o.all_tasks || o.exclusive || o.spread)
     throw Failure("--verify takes only -d, --seed and --topology-file");
   if (o.requests.size() > 1 || (o.requests.size() == 1 && o.requests[0].kind != SpecKind::kNone))
     throw Failure("--verify checks partitions of its own: give it no TPC or GPC list or mask");
@@ -868,11 +870,12 @@ class HelpFormatter : public CLI::Formatter {
   }
 };
 
-// What a bug report needs: the version, the CUDA headers it was built with,
-// and the control-region protocol it speaks.
+// What a bug report needs: the version, the CUDA driver API version it was
+// built against (its own declarations, cudaapi/), and the control-region
+// protocol it speaks.
 std::string version_text() {
-  const int cuda = NVTASKSET_CUDA_HEADERS_VERSION;
-  return std::string("nvtaskset ") + NVTASKSET_VERSION + "\nbuilt with CUDA headers " + std::to_string(cuda / 1000) +
+  const int cuda = CUDA_VERSION;
+  return std::string("nvtaskset ") + NVTASKSET_VERSION + "\nbuilt against CUDA driver API " + std::to_string(cuda / 1000) +
          "." + std::to_string(cuda % 1000 / 10) + " (CUDA_VERSION " + std::to_string(cuda) +
          "), control region version " + std::to_string(ctl::kVersion);
 }

@@ -2,7 +2,6 @@
 // CUDA graphs under a partition: see graphs.hpp for the mechanism.
 #include "graphs.hpp"
 
-#include <cuda.h>
 #include <dlfcn.h>
 
 #include <cstdio>
@@ -14,6 +13,8 @@
 #include <vector>
 
 #include <unistd.h>
+
+#include "nvtaskset/cuda_driver_api.hpp"
 
 namespace nvtaskset::graphs {
 namespace {

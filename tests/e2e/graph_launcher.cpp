@@ -22,7 +22,6 @@
 //   --ready-file F    after the first replay, write our pid to F
 // Prints "pid <pid>". Exit status 0; 2 bad usage; 3 a driver call failed
 // (the message names it); 5 --until-file never appeared.
-#include <cuda.h>
 #include <dlfcn.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -36,6 +35,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "nvtaskset/cuda_driver_api.hpp"
 
 namespace {
 

@@ -42,7 +42,7 @@
 #include <thread>
 #include <vector>
 
-#include <cuda.h>
+#include "nvtaskset/cuda_driver_api.hpp"
 
 namespace launcher {
 

@@ -1531,7 +1531,7 @@ TEST_F(E2E, VersionSaysWhatABugReportNeeds) {
   const Result r = run({kCli, "--version"});
   ASSERT_TRUE(ExitedWith(r, 0)) << r;
   EXPECT_TRUE(std::regex_match(r.out, std::regex("nvtaskset [0-9]+\\.[0-9]+\\.[0-9]+\n"
-                                                 "built with CUDA headers [0-9]+\\.[0-9]+ \\(CUDA_VERSION [0-9]+\\), "
+                                                 "built against CUDA driver API [0-9]+\\.[0-9]+ \\(CUDA_VERSION [0-9]+\\), "
                                                  "control region version [0-9]+\n")))
       << r;
 }

@@ -83,16 +83,12 @@
 #include <thread>
 #include <vector>
 
-// Everything cuda.h declares is part of the exported API; the rest of this
-// file is hidden (-fvisibility=hidden).
+// Every driver function declared here is part of the exported API; the rest
+// of this file is hidden (-fvisibility=hidden).
 #pragma GCC visibility push(default)
-#include <cuda.h>
-// cuda.h maps these names to their newer versions; the driver exports both
-// the legacy and the versioned symbols, so the stand-in does too.
-#undef cuGetProcAddress
-#undef cuDeviceGetUuid
-#undef cuGraphInstantiate
-#undef cuGraphExecUpdate
+#include "nvtaskset/cuda_driver_api.hpp"
+// The driver also exports the legacy versions of some functions next to the
+// current ones, which alone the header declares; so does the stand-in.
 extern "C" {
 CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
 CUresult CUDAAPI cuDeviceGetUuid(CUuuid* uuid, CUdevice dev);
@@ -674,7 +670,7 @@ struct ProcEntry {
 const ProcEntry* proc_table(std::size_t* n);
 
 // cuGetProcAddress takes base names and picks the version the caller's CUDA
-// version expects (the versions below are those of cuda.h's #defines).
+// version expects (the versions below are those cuda.h #defines the names to).
 const void* lookup_proc(const char* symbol, int cuda_version) {
   std::string name = symbol;
   if (name == "cuGetProcAddress" && cuda_version >= 12000) name = "cuGetProcAddress_v2";

@@ -12,7 +12,6 @@
 //    check calibration never causes one.
 #include <gtest/gtest.h>
 
-#include <cuda.h>
 #include <fmt/format.h>
 
 #include <chrono>
@@ -26,6 +25,7 @@
 
 #include "nvtaskset/calibration.hpp"
 #include "nvtaskset/cuda_driver.hpp"
+#include "nvtaskset/cuda_driver_api.hpp"
 #include "nvtaskset/launch_hook.hpp"
 #include "nvtaskset/tmd.hpp"
 #include "nvtaskset/topology_json.hpp"

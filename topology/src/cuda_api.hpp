@@ -1,13 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // The driver functions nvtaskset resolves at run time (private to topology/).
-// Each is looked up by its EXPORTED name: cuda.h #defines many API names to
-// versioned symbols (cuMemAlloc -> cuMemAlloc_v2, ...), and dlsym sees only
-// the exported ones.
+// Each is looked up by its EXPORTED name: the driver exports many API names
+// in versions (cuMemAlloc -> cuMemAlloc_v2, ...; the name a program built
+// with cuda.h binds to), and dlsym sees only the exported ones.
 #pragma once
 
-#include <cuda.h>
-
 #include "nvtaskset/cuda_driver.hpp"
+#include "nvtaskset/cuda_driver_api.hpp"
 
 namespace nvtaskset::topo {
 
