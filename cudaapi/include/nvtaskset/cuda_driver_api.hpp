@@ -56,6 +56,10 @@ typedef struct CUfunc_st* CUfunction;
 typedef struct CUlib_st* CUlibrary;
 typedef struct CUkern_st* CUkernel;
 typedef struct CUstream_st* CUstream;
+// The special stream handles of the driver API ("Stream synchronization
+// behavior" in NVIDIA's CUDA driver API documentation).
+#define CU_STREAM_LEGACY ((CUstream)0x1)
+#define CU_STREAM_PER_THREAD ((CUstream)0x2)
 typedef struct CUgraph_st* CUgraph;
 typedef struct CUgraphNode_st* CUgraphNode;
 typedef struct CUgraphExec_st* CUgraphExec;
