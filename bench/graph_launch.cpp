@@ -25,12 +25,14 @@
 // (and so PyTorch) does; BENCH_DLSYM=1 takes them with dlsym instead. The
 // kernel comes from PTX text: building needs no CUDA toolkit.
 #include <dlfcn.h>
+#include <execinfo.h>
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -121,7 +123,9 @@ struct Driver {
     sym(stream_sync, "cuStreamSynchronize");
     proc(graph_create, "cuGraphCreate", "cuGraphCreate");
     proc(add_kernel, "cuGraphAddKernelNode", "cuGraphAddKernelNode_v2");
-    proc(instantiate, "cuGraphInstantiate", "cuGraphInstantiateWithFlags");
+    // By its own name: "cuGraphInstantiate" resolves to the 5-argument
+    // cuGraphInstantiate_v2 even for CUDA 13.0 (docs/hardware.md).
+    proc(instantiate, "cuGraphInstantiateWithFlags", "cuGraphInstantiateWithFlags");
     proc(upload, "cuGraphUpload", "cuGraphUpload");
     proc(launch, "cuGraphLaunch", "cuGraphLaunch");
     CUdevice dev{};
@@ -164,6 +168,22 @@ struct Driver {
     }
   }
 };
+
+// A worker that dies of a signal says where (stderr is the bench's), so a
+// failed run names its cause instead of "a worker failed".
+void crash_report(int sig) {
+  void* frames[32];
+  const int n = backtrace(frames, 32);
+  char msg[64];
+  const int len = std::snprintf(msg, sizeof msg, "worker: signal %d; backtrace:\n", sig);
+  (void)!::write(2, msg, static_cast<size_t>(len));
+  backtrace_symbols_fd(frames, n, 2);
+  std::_Exit(128 + sig);
+}
+
+void install_crash_report() {
+  for (int sig : {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT}) std::signal(sig, crash_report);
+}
 
 // A worker's result is complete once printed: flush it and leave without
 // the driver's process teardown, which crashed (SIGSEGV, after the result
@@ -336,6 +356,7 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto v = [&](int k) -> std::string { return i + k < argc ? argv[i + k] : ""; };
+    if (a.rfind("--worker", 0) == 0) install_crash_report();
     if (a == "--worker-steady") return worker_steady(std::atoi(v(1).c_str()), std::atol(v(2).c_str()));
     if (a == "--worker-change") return worker_change(std::atoi(v(1).c_str()), v(2), v(3), v(4));
     if (i + 1 >= argc) {

@@ -33,9 +33,14 @@ test -f "$comp" && test -f "$prefix/share/zsh/site-functions/_nvtaskset"
 complete_words() {  # the words bash would offer for the command line "$@" (last word: the one being typed)
   bash -c 'source "$0"; COMP_WORDS=("$@"); COMP_CWORD=$(($# - 1)); _nvtaskset; printf "%s\n" "${COMPREPLY[@]}"' "$comp" "$@"
 }
-complete_words nvtaskset --sys | grep -qx -- --system-wide || { echo "completion: no --system-wide"; exit 1; }
-complete_words nvtaskset --system-wide e | grep -qx enable || { echo "completion: no enable"; exit 1; }
-complete_words nvtaskset --ver | grep -qx -- --verify || { echo "completion: no --verify"; exit 1; }
+# Captured first: `complete_words ... | grep -q` under pipefail fails whenever
+# grep exits before the writer is done (SIGPIPE), which made this test flaky.
+offers() { local words; words=$(complete_words "${@:2}"); grep -qx -- "$1" <<<"$words"; }
+offers --system-wide nvtaskset --sys || { echo "completion: no --system-wide"; exit 1; }
+offers enable nvtaskset --system-wide e || { echo "completion: no enable"; exit 1; }
+offers --verify nvtaskset --ver || { echo "completion: no --verify"; exit 1; }
+offers --status nvtaskset --sta || { echo "completion: no --status"; exit 1; }
+offers --count nvtaskset --cou || { echo "completion: no --count"; exit 1; }
 NVTASKSET_REAL_LIBCUDA="$fake" FAKECUDA_RECORD="$prefix/record2" "$prefix/bin/nvtaskset" --no-mps -t 1 \
   "$launcher" --until-file "$prefix/until" --interval-ms 5 --ready-file "$prefix/ready" >/dev/null &
 for _ in $(seq 200); do test -f "$prefix/ready" && break; sleep 0.05; done

@@ -450,14 +450,17 @@ CUresult w_graph_destroy(CUgraph g) {
   return real<GraphDestroyFn>(kGraphDestroy)(g);
 }
 
-// The export a cuGetProcAddress request resolves to, as the driver versions
-// its symbols (cuda.h: cuGraphInstantiate is WithFlags and cuGraphExecUpdate
-// and cuGetProcAddress are _v2 from CUDA 12.0; _ptsz with the per-thread
-// default stream flag).
+// The export a cuGetProcAddress request resolves to, when the pointer the
+// driver returned is none of the exports the shim knows (normally it is, and
+// hand_out_wrapper goes by the pointer). cuGraphExecUpdate and
+// cuGetProcAddress are _v2 from CUDA 12.0; "cuGraphInstantiate" is the
+// 5-argument cuGraphInstantiate_v2 from CUDA 11.0 on, also for CUDA 13.0
+// (measured on H100, driver 580.159.04: docs/hardware.md), although cuda.h
+// maps the name to cuGraphInstantiateWithFlags at compile time; _ptsz with
+// the per-thread default stream flag.
 int variant_for(std::string_view sym, int cuda_version, cuuint64_t flags) {
   const bool ptsz = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-  if (sym == "cuGraphInstantiate")
-    return cuda_version >= 12000 ? kInstantiateWithFlags : cuda_version >= 11000 ? kInstantiateV2 : kInstantiate;
+  if (sym == "cuGraphInstantiate") return cuda_version >= 11000 ? kInstantiateV2 : kInstantiate;
   if (sym == "cuGraphExecUpdate") return cuda_version >= 12000 ? kExecUpdateV2 : kExecUpdate;
   if (sym == "cuGetProcAddress") return cuda_version >= 12000 ? kGetProcAddressV2 : kGetProcAddress;
   if (sym == "cuGraphLaunch") return ptsz ? kLaunchPtsz : kLaunch;

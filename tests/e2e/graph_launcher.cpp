@@ -252,7 +252,9 @@ int main(int argc, char** argv) {
   get(g.add_kernel, "cuGraphAddKernelNode");
   get(g.set_attr, "cuGraphKernelNodeSetAttribute");
   get(g.add_child, "cuGraphAddChildGraphNode");
-  get(g.instantiate, "cuGraphInstantiate");
+  // By its own name, as cudart does: "cuGraphInstantiate" resolves to the
+  // 5-argument _v2 (docs/hardware.md).
+  get(g.instantiate, "cuGraphInstantiateWithFlags");
   get(g.exec_destroy, "cuGraphExecDestroy");
   get(g.upload, "cuGraphUpload");
   get(g.launch, "cuGraphLaunch");

@@ -670,11 +670,13 @@ struct ProcEntry {
 const ProcEntry* proc_table(std::size_t* n);
 
 // cuGetProcAddress takes base names and picks the version the caller's CUDA
-// version expects (the versions below are those cuda.h #defines the names to).
+// version expects (mostly those cuda.h #defines the names to; but
+// "cuGraphInstantiate" is the 5-argument cuGraphInstantiate_v2 even for CUDA
+// 13.0, not the WithFlags cuda.h maps it to: measured on H100, driver
+// 580.159.04, docs/hardware.md).
 const void* lookup_proc(const char* symbol, int cuda_version) {
   std::string name = symbol;
   if (name == "cuGetProcAddress" && cuda_version >= 12000) name = "cuGetProcAddress_v2";
-  else if (name == "cuGraphInstantiate" && cuda_version >= 12000) name = "cuGraphInstantiateWithFlags";
   else if (name == "cuGraphInstantiate" && cuda_version >= 11000) name = "cuGraphInstantiate_v2";
   else if (name == "cuGraphExecUpdate" && cuda_version >= 12000) name = "cuGraphExecUpdate_v2";
   else if ((name == "cuGraphAddKernelNode" || name == "cuGraphExecKernelNodeSetParams") && cuda_version >= 12000)
