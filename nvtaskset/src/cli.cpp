@@ -611,6 +611,25 @@ std::vector<pid_t> descendants(pid_t pid) {
   return out;
 }
 
+// The parent of `pid`, its parent, ... up to (not including) init.
+std::vector<pid_t> ancestors(pid_t pid) {
+  std::vector<pid_t> out;
+  for (int depth = 0; depth < 64; ++depth) {
+    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(f, line)) break;
+    const auto close = line.rfind(')');
+    if (close == std::string::npos || close + 4 > line.size()) break;
+    std::istringstream rest(line.substr(close + 2));
+    std::string state;
+    long ppid = 0;
+    if (!(rest >> state >> ppid) || ppid <= 1) break;
+    pid = static_cast<pid_t>(ppid);
+    out.push_back(pid);
+  }
+  return out;
+}
+
 // Checks one task and works out its change; writes nothing. With `like`,
 // the task gets `like`'s new partitions (-a: the family follows its root).
 TaskPlan plan_task(const Options& o, pid_t pid, std::unique_ptr<ctl::Region> region,
@@ -784,7 +803,15 @@ int do_pid(const Options& o) {
     if (!lock->acquired())
       throw Failure("cannot lock " + ctl::status_dir() + "/nvtaskset-status.lock to choose TPCs others do not hold");
   }
-  Sharing sh = query ? Sharing{} : sharing_for(o, members);
+  // The task's own family (the processes it started, those that started it)
+  // runs one job: their partitions are not "other" ones to avoid or warn
+  // about (a PyTorch program's compile workers inherit its partition).
+  std::set<pid_t> family_pids = members;
+  if (!query) {
+    for (pid_t d : descendants(pid)) family_pids.insert(d);
+    for (pid_t a : ancestors(pid)) family_pids.insert(a);
+  }
+  Sharing sh = query ? Sharing{} : sharing_for(o, family_pids);
   Devices devices(shim_copies(o.shim_dir), o.topology_file);
 
   // Every task and every request is checked before anything is written: a

@@ -2492,8 +2492,11 @@ TEST_F(Sharing, AllTasksMovesTheTaskAndItsChildren) {
   const std::size_t before = records().size();
   for (const auto& rec : records_after(child, before, 1, 3)) EXPECT_EQ(rec.mask, hopper_disable({6})) << rec;
   for (const auto& rec : records_after(pid, before, 1, 3)) EXPECT_EQ(rec.mask, hopper_disable({6})) << rec;
+  // The child holds TPC 6 too, but it is the task's own: no "held by" warning.
+  q = run({kCli, "-p", "--exclusive", "-t", "6,7", std::to_string(pid)});
+  EXPECT_TRUE(ExitedWith(q, 0)) << q;
+  EXPECT_EQ(q.err.find("held by"), std::string::npos) << q;
   // Without -a only the task moves.
-  q = run({kCli, "-p", "-t", "7", std::to_string(pid)});
   EXPECT_EQ(run({kCli, "-p", std::to_string(child)}).out, pid_line(child, "current TPC list", "6"));
   EXPECT_TRUE(FailedWithOneLine(run({kCli, "-a", "-t", "1", "true"})));
   stop_all();
