@@ -10,8 +10,8 @@ Run from the repository root on a machine with an NVIDIA GPU, with the build in
 Every GPU command has a timeout. Each check prints PASS/FAIL with its evidence;
 the exit status is the number of failures. Sections: calibrate, probe, lists,
 gpc, live, mps, torch, bench, errors, multi (needs 2 GPUs), systemwide, graphs,
-clusters, libclusters, torchgraphs, graphoverhead, graphbench, hardening, sharing
-(default: all).
+clusters, libclusters, torchgraphs, graphoverhead, graphbench, hardening, sharing,
+multiuser (default: all).
 """
 import json
 import os
@@ -1182,8 +1182,72 @@ def section_sharing():
         stop_mps_safely()
 
 
+def section_multiuser():
+    """Two Unix users and one MPS server: the second is told whom the server serves (NVTASKSET_MPS_OTHER_USER)."""
+    import shutil
+    stop_mps_safely()
+    shutil.rmtree(HARD, ignore_errors=True)
+    os.makedirs(HARD)
+    shutil.copytree(BUILD + "/bin", HARD + "/bin")
+    shutil.copytree(BUILD + "/lib", HARD + "/lib")
+    shutil.copy(f"{GPUBIN}/smid_probe", HARD + "/smid_probe")
+    for u in ("nvt-a", "nvt-b"):
+        subprocess.run(["useradd", "-M", "-s", "/bin/sh", u], capture_output=True)
+        os.makedirs(os.path.join(HARD, "home-" + u), exist_ok=True)
+        subprocess.run(["chown", u, os.path.join(HARD, "home-" + u)])
+    subprocess.run(["chmod", "-R", "a+rX", HARD])
+    os.chmod(HARD, 0o777)
+    nv = HARD + "/bin/nvtaskset"
+    until, ready = HARD + "/until", HARD + "/ready"
+    # Both users read the layout root calibrated (no calibration as a user while a server runs).
+    rc, out, err, _ = run([nv, "--topology", "--json"], timeout=120)
+    with open(HARD + "/topology.json", "w") as f:
+        f.write(json.dumps(json.loads(out)["devices"][0]))
+    os.chmod(HARD + "/topology.json", 0o644)
+    # The control daemon, started by root as an admin would: it runs a server for whichever user connects.
+    subprocess.run(["nvidia-cuda-mps-control", "-d"], timeout=30)
+    p = None
+    try:
+        env_a = user_env("nvt-a")
+        env_a["NVTASKSET_TOPOLOGY"] = HARD + "/topology.json"
+        p = subprocess.Popen([nv, "-t", "0-7", HARD + "/smid_probe", "--interval-ms", "20", "--until-file", until,
+                              "--ready-file", ready], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                             preexec_fn=as_user("nvt-a"), env=env_a, start_new_session=True)
+        t0 = time.monotonic()
+        while not os.path.exists(ready) and time.monotonic() - t0 < 60 and p.poll() is None:
+            time.sleep(0.05)
+        time.sleep(0.5)
+        env_b = user_env("nvt-b")
+        env_b["NVTASKSET_TOPOLOGY"] = HARD + "/topology.json"
+        t0 = time.monotonic()
+        b = subprocess.run([nv, "-t", "8-15", "true"], capture_output=True, text=True, timeout=60,
+                           preexec_fn=as_user("nvt-b"), env=env_b)
+        dt = time.monotonic() - t0
+        env_b["NVTASKSET_MPS_OTHER_USER"] = "fail"
+        bf = subprocess.run([nv, "-t", "8-15", "true"], capture_output=True, text=True, timeout=60,
+                            preexec_fn=as_user("nvt-b"), env=env_b)
+        st = subprocess.run([nv, "--status"], capture_output=True, text=True, timeout=60)
+        LOG.write(f"multiuser b: {b.returncode} {b.stderr}\nfail: {bf.returncode} {bf.stderr}\nstatus: {st.stdout}\n")
+        check("multiuser: user B is told in one line that the MPS server serves user A (and it starts)",
+              b.returncode == 0 and "serves user nvt-a with 1 client: this task waits" in b.stderr,
+              f"rc={b.returncode} {dt:.2f}s {b.stderr.strip()}")
+        check("multiuser: with NVTASKSET_MPS_OTHER_USER=fail it is refused in one line",
+              bf.returncode == 1 and len(bf.stderr.strip().splitlines()) == 1, f"rc={bf.returncode} {bf.stderr.strip()}")
+        check("multiuser: --status names the server and its user",
+              re.search(r"mps: server pid \d+ serves user nvt-a, 1 client", st.stdout) is not None,
+              st.stdout.strip()[-300:])
+    finally:
+        open(until, "w").close()
+        if p is not None:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, 9)
+        stop_mps_safely()
+
+
 SECTIONS = ["calibrate", "probe", "lists", "gpc", "live", "mps", "torch", "bench", "errors", "multi", "systemwide",
-            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening", "sharing"]
+            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening", "sharing", "multiuser"]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:] or SECTIONS
