@@ -192,8 +192,10 @@ void check_sharing(const Partition& p, const topo::DeviceInfo& dev, const topo::
   }
   if (const auto c = topo::choose_tpcs(*t, req)) alt = "; GPCs no other task uses hold the same size: -t " +
                                                        format_list(c->tpcs.bits);
-  warnings->push_back(phrase_of(p) + " shares GPC " + format_list(o.common_gpcs.bits) + " with pid " +
-                      pids(o.share_gpcs) + ": partitions that share a GPC do not isolate each other" + alt);
+  const bool many = o.common_gpcs.size() > 1;
+  warnings->push_back(phrase_of(p) + " of " + device_label(dev) + (many ? " share GPCs " : " share GPC ") +
+                      format_list(o.common_gpcs.bits) + " with pid " + pids(o.share_gpcs) +
+                      ": partitions that share a GPC do not isolate each other" + alt);
 }
 
 LogicalTpcSet checked_tpcs(const std::vector<unsigned>& ids, const topo::DeviceInfo& dev) {
@@ -514,12 +516,7 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
       if (prev.device == dev.uuid) throw Failure("two partitions given for " + device_label(dev));
     parts.push_back({dev.uuid, build_partition(r, dev, devices, &warnings, sh), describe_device(dev)});
   }
-  for (const std::string& w : warnings) spdlog::warn("{}", w);
 
-  // The public entry, before exec (which keeps the PID and start time): the
-  // next `-n` must see these TPCs taken even before the task loads CUDA.
-  if (const std::string why = ctl::publish_status(::getpid(), parts); !why.empty())
-    spdlog::debug("no status entry: {}", why);
   devices.restore_environment();
   if (!o.no_mps) {
     scrub_shim_environment(shim_dir);
@@ -527,6 +524,13 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
     if (r.started) std::fprintf(stderr, "%s\n", mps::started_message(r).c_str());
     check_mps_user();
   }
+  // The public entry, before exec (which keeps the PID and start time): the
+  // next `-n` must see these TPCs taken even before the task loads CUDA.
+  if (const std::string why = ctl::publish_status(::getpid(), parts); !why.empty())
+    spdlog::debug("no status entry: {}", why);
+  // Warnings only once nothing can refuse the launch any more: a refusal
+  // stays one line.
+  for (const std::string& w : warnings) spdlog::warn("{}", w);
   exec_task(cmd, task_environment(env, shim_dir, encode_partitions(parts), devices.driver_path()));
 }
 

@@ -2380,7 +2380,8 @@ TEST_F(Sharing, ExclusiveRefusesOverlapAndSharedGpcsAreNamed) {
   ASSERT_GT(b, 0);
   // TPC 4 shares GPC 0 with a: said at launch, with a same-size list in a GPC no one uses.
   const Proc& pb = *tasks_.back();
-  EXPECT_NE(pb.err().find("TPCs 4 shares GPC 0 with pid " + std::to_string(a)), std::string::npos) << pb.err();
+  EXPECT_NE(pb.err().find("TPCs 4 of device 0 share GPC 0 with pid " + std::to_string(a)), std::string::npos)
+      << pb.err();
   EXPECT_NE(pb.err().find("GPCs no other task uses hold the same size: -t 1"), std::string::npos) << pb.err();
   r = run({kCli, "-p", "--exclusive", "-t", "0", std::to_string(b)});
   EXPECT_TRUE(FailedWithOneLine(r)) << r;
