@@ -42,7 +42,7 @@
 #include <vector>
 
 #include "nvtaskset/cuda_driver_api.hpp"
-#include "nvtaskset/partition.hpp"
+#include "all_bits_partition.hpp"
 
 extern char** environ;
 
@@ -325,25 +325,6 @@ const char* kUsage =
 
 }  // namespace
 
-// Every mask bit enabled, as `--physical` would pass it: the partition the
-// benchmarks measure. Built with the library's encoder so that its format
-// cannot drift from what the shim parses.
-static std::string all_bits_partition(const std::string& device) {
-  nvtaskset::DevicePartition dp;
-  if (!device.empty() && device != "*") {
-    const auto u = nvtaskset::uuid_from_string(device);
-    if (!u) {
-      std::fprintf(stderr, "bad --uuid '%s'\n", device.c_str());
-      std::exit(2);
-    }
-    dp.device = *u;
-  }
-  dp.partition.kind = nvtaskset::SpecKind::kPhysical;
-  dp.partition.enabled.bits = nvtaskset::Bits128::first(128);
-  dp.partition.widened.bits = dp.partition.enabled.bits;
-  dp.partition.max_cluster = dp.partition.widened_max_cluster = 16;  // Hopper's largest (docs/hardware.md)
-  return nvtaskset::encode_partitions({dp});
-}
 
 int main(int argc, char** argv) {
   std::string real, shim_dir, uuid, nvtaskset, list_a = "0-7", list_b = "8-15";

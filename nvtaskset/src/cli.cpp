@@ -118,14 +118,6 @@ DeviceDesc describe_device(const topo::DeviceInfo& d) {
 
 std::string phrase_of(const Partition& p);
 
-std::string user_name_of(uid_t uid) {
-  struct passwd pw {};
-  struct passwd* out = nullptr;
-  char buf[1024];
-  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &out) == 0 && out != nullptr) return out->pw_name;
-  return std::to_string(uid);
-}
-
 // -n COUNT: the TPCs chosen for the request, avoiding those other live
 // partitions hold when enough are free.
 LogicalTpcSet choose_by_count(const Request& r, const topo::DeviceInfo& dev, const topo::Topology& t,
@@ -460,7 +452,7 @@ void check_syntax(const Options& o) {
 void check_mps_user() {
   for (const mps::Server& sv : mps::servers()) {
     if (sv.uid == ::getuid() || sv.clients == 0) continue;
-    const std::string who = "the MPS server (pid " + std::to_string(sv.pid) + ") serves user " + user_name_of(sv.uid) +
+    const std::string who = "the MPS server (pid " + std::to_string(sv.pid) + ") serves user " + user_name(sv.uid) +
                             " with " + std::to_string(sv.clients) + " client" + (sv.clients == 1 ? "" : "s");
     const ChoiceValue c = choice(Option::kMpsOtherUser);
     if (c.index == 1)
@@ -581,6 +573,20 @@ struct TaskPlan {
   std::vector<std::string> warnings;  // printed once every check passed
 };
 
+// The parent of a process, from /proc/<pid>/stat (field 4, after comm,
+// which may hold spaces and parentheses); 0 when it cannot be read.
+pid_t parent_of(const std::string& pid) {
+  std::ifstream f("/proc/" + pid + "/stat");
+  std::string line;
+  if (!std::getline(f, line)) return 0;
+  const auto close = line.rfind(')');
+  if (close == std::string::npos || close + 4 > line.size()) return 0;
+  std::istringstream rest(line.substr(close + 2));
+  std::string state;
+  long ppid = 0;
+  return rest >> state >> ppid ? static_cast<pid_t>(ppid) : 0;
+}
+
 // The descendants of `pid` (children, their children, ...) from /proc, in
 // the order found; those that end meanwhile simply drop out later.
 std::vector<pid_t> descendants(pid_t pid) {
@@ -589,15 +595,7 @@ std::vector<pid_t> descendants(pid_t pid) {
   for (const auto& e : fs::directory_iterator("/proc", ec)) {
     const std::string name = e.path().filename().string();
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream f(e.path() / "stat");
-    std::string line;
-    if (!std::getline(f, line)) continue;
-    const auto close = line.rfind(')');
-    if (close == std::string::npos || close + 4 > line.size()) continue;
-    std::istringstream rest(line.substr(close + 2));
-    std::string state;
-    long ppid = 0;
-    if (rest >> state >> ppid) children[static_cast<pid_t>(ppid)].push_back(static_cast<pid_t>(std::stol(name)));
+    if (const pid_t ppid = parent_of(name); ppid > 0) children[ppid].push_back(static_cast<pid_t>(std::stol(name)));
   }
   std::vector<pid_t> out;
   std::vector<pid_t> todo{pid};
@@ -619,16 +617,8 @@ std::vector<pid_t> descendants(pid_t pid) {
 std::vector<pid_t> ancestors(pid_t pid) {
   std::vector<pid_t> out;
   for (int depth = 0; depth < 64; ++depth) {
-    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    if (!std::getline(f, line)) break;
-    const auto close = line.rfind(')');
-    if (close == std::string::npos || close + 4 > line.size()) break;
-    std::istringstream rest(line.substr(close + 2));
-    std::string state;
-    long ppid = 0;
-    if (!(rest >> state >> ppid) || ppid <= 1) break;
-    pid = static_cast<pid_t>(ppid);
+    pid = parent_of(std::to_string(pid));
+    if (pid <= 1) break;
     out.push_back(pid);
   }
   return out;

@@ -16,14 +16,6 @@
 namespace nvtaskset::cli {
 namespace {
 
-std::string user_name(uid_t uid) {
-  struct passwd pw {};
-  struct passwd* out = nullptr;
-  char buf[1024];
-  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &out) == 0 && out != nullptr) return out->pw_name;
-  return std::to_string(uid);
-}
-
 // /proc/<pid>/cmdline, readable by every user as `ps` shows it.
 std::string command_of(pid_t pid) {
   std::ifstream f("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
@@ -51,6 +43,14 @@ GpcSet gpcs_of(const topo::Topology& t, const LogicalTpcSet& tpcs) {
 }
 
 }  // namespace
+
+std::string user_name(uid_t uid) {
+  struct passwd pw {};
+  struct passwd* out = nullptr;
+  char buf[1024];
+  if (::getpwuid_r(uid, &pw, buf, sizeof buf, &out) == 0 && out != nullptr) return out->pw_name;
+  return std::to_string(uid);
+}
 
 std::vector<Holder> holders_on(const std::vector<ctl::StatusEntry>& status, const topo::DeviceInfo& dev,
                                const topo::Topology* t, const std::set<pid_t>& exclude) {

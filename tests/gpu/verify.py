@@ -989,12 +989,8 @@ def user_env(name):
     return e
 
 
-def smid_rows(path):
-    return [parse_ranges(l.split()[-1]) for l in open(path).read().splitlines() if l.startswith("iter ")]
-
-
-def hardening_second_user():
-    """A task of user A on TPCs 0-7; user B tries to steer it, to read its region, to write into it."""
+def two_users():
+    """Users nvt-a and nvt-b, and a copy of nvtaskset and smid_probe in HARD that both can run."""
     import shutil
     shutil.rmtree(HARD, ignore_errors=True)
     os.makedirs(HARD)
@@ -1007,6 +1003,15 @@ def hardening_second_user():
         subprocess.run(["chown", u, os.path.join(HARD, "home-" + u)])
     subprocess.run(["chmod", "-R", "a+rX", HARD])
     os.chmod(HARD, 0o777)
+
+
+def smid_rows(path):
+    return [parse_ranges(l.split()[-1]) for l in open(path).read().splitlines() if l.startswith("iter ")]
+
+
+def hardening_second_user():
+    """A task of user A on TPCs 0-7; user B tries to steer it, to read its region, to write into it."""
+    two_users()
     nv = HARD + "/bin/nvtaskset"
     until, ready = HARD + "/until", HARD + "/ready"
     outpath = os.path.join(OUT, "hard-user-a.txt")
@@ -1184,19 +1189,8 @@ def section_sharing():
 
 def section_multiuser():
     """Two Unix users and one MPS server: the second is told whom the server serves (NVTASKSET_MPS_OTHER_USER)."""
-    import shutil
     stop_mps_safely()
-    shutil.rmtree(HARD, ignore_errors=True)
-    os.makedirs(HARD)
-    shutil.copytree(BUILD + "/bin", HARD + "/bin")
-    shutil.copytree(BUILD + "/lib", HARD + "/lib")
-    shutil.copy(f"{GPUBIN}/smid_probe", HARD + "/smid_probe")
-    for u in ("nvt-a", "nvt-b"):
-        subprocess.run(["useradd", "-M", "-s", "/bin/sh", u], capture_output=True)
-        os.makedirs(os.path.join(HARD, "home-" + u), exist_ok=True)
-        subprocess.run(["chown", u, os.path.join(HARD, "home-" + u)])
-    subprocess.run(["chmod", "-R", "a+rX", HARD])
-    os.chmod(HARD, 0o777)
+    two_users()
     nv = HARD + "/bin/nvtaskset"
     until, ready = HARD + "/until", HARD + "/ready"
     # Both users read the layout root calibrated (no calibration as a user while a server runs).

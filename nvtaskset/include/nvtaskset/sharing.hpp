@@ -41,6 +41,9 @@ struct Overlap {
 };
 Overlap overlap_with(const topo::Topology* t, const LogicalTpcSet& mine, const std::vector<Holder>& others);
 
+// The login name of `uid`, or the number when it has none.
+std::string user_name(uid_t uid);
+
 // `nvtaskset --status [--json]`: every partitioned task on this machine.
 int print_status(Devices& devices, bool json);
 
