@@ -450,12 +450,15 @@ void check_syntax(const Options& o) {
 // instead of 0.25 s in one run; docs/hardware.md, "MPS"). Never silently:
 // say so in one line, then wait or fail (NVTASKSET_MPS_OTHER_USER).
 void check_mps_user() {
+  const ChoiceValue policy = choice(Option::kMpsOtherUser);
+  if (policy.unknown)
+    spdlog::warn("{}={}: unknown value ({}); using wait", option(Option::kMpsOtherUser).name, printable(policy.value),
+                 option(Option::kMpsOtherUser).choices);
   for (const mps::Server& sv : mps::servers()) {
     if (sv.uid == ::getuid() || sv.clients == 0) continue;
     const std::string who = "the MPS server (pid " + std::to_string(sv.pid) + ") serves user " + user_name(sv.uid) +
                             " with " + std::to_string(sv.clients) + " client" + (sv.clients == 1 ? "" : "s");
-    const ChoiceValue c = choice(Option::kMpsOtherUser);
-    if (c.index == 1)
+    if (policy.index == 1)
       throw Failure(who + ": this task would wait until they exit; not started (" +
                     option(Option::kMpsOtherUser).name + "=fail; --no-mps runs it time-sliced instead)");
     spdlog::warn("{}: this task waits until they exit ({}=fail refuses instead, --no-mps runs it time-sliced)", who,

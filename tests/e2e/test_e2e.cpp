@@ -2522,7 +2522,14 @@ TEST_F(E2E, AnotherUsersMpsServerIsNamedNeverWaitedForSilently) {
             std::string::npos)
       << r;
   ::unlink(marker.c_str());
-  env["NVTASKSET_MPS_OTHER_USER"] = "fail";
+  // An unknown value is said, and the default (wait) applies.
+  env["NVTASKSET_MPS_OTHER_USER"] = "bogus";
+  r = run({kCli, "-t", "0-1", "touch", marker}, env);
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_NE(r.err.find("NVTASKSET_MPS_OTHER_USER=bogus: unknown value (wait|fail); using wait"), std::string::npos)
+      << r;
+  ::unlink(marker.c_str());
+  env["NVTASKSET_MPS_OTHER_USER"] = "FAIL";  // any case, as every choice option
   r = run({kCli, "-t", "0-1", "touch", marker}, env);
   EXPECT_TRUE(FailedWithOneLine(r)) << r;
   EXPECT_FALSE(exists(marker));
