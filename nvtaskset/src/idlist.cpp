@@ -126,35 +126,35 @@ Bits128 parse_mask(std::string_view text, std::string_view what) {
   return b;
 }
 
-pid_t parse_pid(std::string_view text) {
+// A decimal number in [1, max]: digits only, bounded as they are read.
+// strtol would accept " 12", "+12" and wrap "99999999999999999999" into
+// errno. `what` names it in messages ("pid", "TPC count"); `zero` and `over`
+// say why 0 and numbers above `max` are refused.
+static long parse_positive(std::string_view text, long max, std::string_view what, std::string_view zero,
+                    const std::string& over) {
   auto bad = [&](std::string_view why) {
-    return ParseError("invalid pid '" + printable(text) + "': " + std::string(why));
+    return ParseError("invalid " + std::string(what) + " '" + printable(text) + "': " + std::string(why));
   };
-  // strtol would accept " 12", "+12" and wrap "99999999999999999999" into
-  // errno; digits only, bounded as they are read, is simpler to get right.
   if (text.empty()) throw bad("empty");
   long v = 0;
   for (char c : text) {
     if (c < '0' || c > '9') throw bad("not a decimal number");
-    if (v <= kMaxPid) v = v * 10 + (c - '0');  // stops growing past the bound: no overflow
+    if (v <= max) v = v * 10 + (c - '0');  // stops growing past the bound: no overflow
   }
-  if (v == 0) throw bad("pid 0 is not a process");
-  if (v > kMaxPid) throw bad("larger than any pid (" + std::to_string(kMaxPid) + ")");
-  return static_cast<pid_t>(v);
-}
-unsigned parse_count(std::string_view text) {
-  auto bad = [&](std::string_view why) {
-    return ParseError("invalid TPC count '" + printable(text) + "': " + std::string(why));
-  };
-  if (text.empty()) throw bad("empty");
-  unsigned v = 0;
-  for (char c : text) {
-    if (c < '0' || c > '9') throw bad("not a decimal number");
-    if (v <= Bits128::kSize) v = v * 10 + static_cast<unsigned>(c - '0');  // bounded: no overflow
-  }
-  if (v == 0) throw bad("at least 1 TPC");
-  if (v > Bits128::kSize) throw bad("more than any GPU has (at most " + std::to_string(Bits128::kSize) + ")");
+  if (v == 0) throw bad(zero);
+  if (v > max) throw bad(over);
   return v;
+}
+
+pid_t parse_pid(std::string_view text) {
+  return static_cast<pid_t>(parse_positive(text, kMaxPid, "pid", "pid 0 is not a process",
+                                           "larger than any pid (" + std::to_string(kMaxPid) + ")"));
+}
+
+unsigned parse_count(std::string_view text) {
+  return static_cast<unsigned>(parse_positive(text, Bits128::kSize, "TPC count", "at least 1 TPC",
+                                              "more than any GPU has (at most " + std::to_string(Bits128::kSize) +
+                                                  ")"));
 }
 
 Bits128 to_bits(const std::vector<unsigned>& ids, std::string_view what) {
