@@ -41,6 +41,12 @@ offers enable nvtaskset --system-wide e || { echo "completion: no enable"; exit 
 offers --verify nvtaskset --ver || { echo "completion: no --verify"; exit 1; }
 offers --status nvtaskset --sta || { echo "completion: no --status"; exit 1; }
 offers --count nvtaskset --cou || { echo "completion: no --count"; exit 1; }
+# Every long option --help names is completed, by bash and by zsh.
+longs=$(complete_words nvtaskset --)
+for o in $("$prefix/bin/nvtaskset" --help | grep -o -- '--[a-z][a-z-]*' | sort -u); do
+  grep -qx -- "$o" <<<"$longs" || { echo "bash completion: no $o"; exit 1; }
+  grep -q -- "$o" "$prefix/share/zsh/site-functions/_nvtaskset" || { echo "zsh completion: no $o"; exit 1; }
+done
 NVTASKSET_REAL_LIBCUDA="$fake" FAKECUDA_RECORD="$prefix/record2" "$prefix/bin/nvtaskset" --no-mps -t 1 \
   "$launcher" --until-file "$prefix/until" --interval-ms 5 --ready-file "$prefix/ready" >/dev/null &
 for _ in $(seq 200); do test -f "$prefix/ready" && break; sleep 0.05; done

@@ -383,6 +383,7 @@ struct Options {
   bool status = false;
   bool all_tasks = false;  // -a: with -p, the task and its descendants
   bool verify = false;
+  bool partition_sm_count = false;  // the task's MULTIPROCESSOR_COUNT is its partition's SMs
   std::optional<std::string> seed;  // --seed, with --verify
 };
 
@@ -526,7 +527,8 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
   // Warnings only once nothing can refuse the launch any more: a refusal
   // stays one line.
   for (const std::string& w : warnings) spdlog::warn("{}", w);
-  exec_task(cmd, task_environment(env, shim_dir, encode_partitions(parts), devices.driver_path()));
+  exec_task(cmd, task_environment(env, shim_dir, encode_partitions(parts), devices.driver_path(),
+                                  o.partition_sm_count));
 }
 
 // --verify (verify.hpp) checks partitions of its own on one GPU.
@@ -862,6 +864,8 @@ const char* kExamples =
     "  nvtaskset -g 1-2 python3 train.py     every TPC of GPCs 1 and 2\n"
     "  nvtaskset -n 16 ./detector            16 TPCs chosen for you: whole GPCs first\n"
     "  nvtaskset -n 16 --exclusive ./planner 16 TPCs no other live partition holds, or fail\n"
+    "  nvtaskset -n 16 --partition-sm-count ./gemm\n"
+    "                                        the task sees 32 SMs, so persistent grids fit them\n"
     "  nvtaskset --status                    every partitioned task: who holds which TPCs\n"
     "  nvtaskset -d 1 -t 0-15 ./task         on GPU 1 (index, UUID or PCI bus id)\n"
     "  nvtaskset -p 4242                     show pid 4242's TPCs\n"
@@ -918,7 +922,8 @@ std::string find_shim_dir(const std::string& exe_path) {
 }
 
 std::vector<std::string> task_environment(std::vector<std::string> env, const std::string& shim_dir,
-                                          const std::string& partitions, const std::string& real_driver) {
+                                          const std::string& partitions, const std::string& real_driver,
+                                          bool partition_sm_count) {
   auto find = [&](const std::string& name) -> std::string* {
     for (auto& e : env)
       if (e.size() > name.size() && e.compare(0, name.size(), name) == 0 && e[name.size()] == '=') return &e;
@@ -940,6 +945,7 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   // streams; 8 restores the non-MPS behaviour (docs/hardware.md, paper Sec. 5.2).
   if (!find("CUDA_DEVICE_MAX_CONNECTIONS")) set("CUDA_DEVICE_MAX_CONNECTIONS", "8");
   if (!real_driver.empty()) set(kRealDriverEnv, real_driver);
+  if (partition_sm_count) set(option(Option::kSmCount).name, "partition");
   return env;
 }
 
@@ -968,6 +974,10 @@ int run(int argc, char** argv) {
   app.add_flag("-a,--all-tasks", o.all_tasks, "with -p: the task and every process it started that runs under nvtaskset");
   app.add_flag("--status", o.status, "list every partitioned task on this machine (with --json: as JSON)");
   app.add_flag("-v,--verbose", o.verbose, "say which TPCs -n chose");
+  app.add_flag("--partition-sm-count,--hide-unallocated", o.partition_sm_count,
+               "the task's cuDeviceGetAttribute(MULTIPROCESSOR_COUNT) reports its partition's SMs, not the GPU's, so "
+               "grids sized by SM count fit the partition (read once by most libraries: a later -p does not change "
+               "what the task already read)");
   auto* opt_phys = one_each(app.add_option("--physical", physicals,
                                            "UNSAFE expert mode: enable mask over raw TMD mask bits, untranslated; a "
                                            "mask that enables no working TPC hangs every kernel"))
@@ -1048,6 +1058,9 @@ int run(int argc, char** argv) {
     if (o.seed && !o.verify) throw Failure("--seed goes with --verify");
     if (o.all_tasks && !o.pid_mode) throw Failure("-a goes with -p");
     if (o.spread && counts.empty()) throw Failure("--spread goes with -n");
+    if (o.partition_sm_count && (o.pid_mode || o.status || o.verify || o.show_topology || o.calibrate ||
+                                 !o.system_wide.empty()))
+      throw Failure("--partition-sm-count goes with a launch: a running task has already read its SM count");
     if (o.status) {
       if (o.pid_mode || !o.requests.empty() || !o.positionals.empty())
         throw Failure("--status takes no list, PID or command");

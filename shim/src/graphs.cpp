@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // CUDA graphs under a partition: see graphs.hpp for the mechanism.
 #include "graphs.hpp"
+#include "sm_count.hpp"
 
 #include <dlfcn.h>
 
@@ -478,6 +479,7 @@ void hand_out_wrapper(const char* symbol, void** pfn, int cuda_version, cuuint64
     if (*pfn == g_real[i].load(std::memory_order_acquire)) f = static_cast<int>(i);
   if (f < 0) f = variant_for(symbol, cuda_version, flags);
   if (f >= 0 && g_real[f].load(std::memory_order_acquire) != nullptr) *pfn = wrapper_of(static_cast<unsigned>(f));
+  else sm_count::hand_out(pfn);  // cuDeviceGetAttribute, when NVTASKSET_SM_COUNT=partition
 }
 
 CUresult w_get_proc_address(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags) {

@@ -21,7 +21,7 @@
 //   * cuGraphExecUpdate and user calls of cuGraphNodeSetEnabled mark the exec
 //     stale; cuGraphExecDestroy forgets it;
 //   * cuGetProcAddress hands out these wrappers too (cudart and PyTorch find
-//     the driver's functions through it).
+//     the driver's functions through it), and sm_count.hpp's.
 // Everything here runs in API calls, never in the launch callback, except
 // note_tmd_built(), which is a load and a compare unless a re-encode is
 // under way.

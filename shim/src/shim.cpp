@@ -54,6 +54,7 @@
 #include "nvtaskset/partition.hpp"
 #include "nvtaskset/tmd.hpp"
 #include "graphs.hpp"
+#include "sm_count.hpp"
 
 // Defined by the generated trampolines (gen_trampolines.cmake).
 extern "C" {
@@ -108,6 +109,7 @@ constinit ctl::Header g_local_header{};
 std::atomic<bool> g_warn_unsupported{false};      // NVTASKSET_ON_UNSUPPORTED=warn
 std::atomic<bool> g_unsupported_reported{false};  // the one message was written
 std::atomic<bool> g_widen_clusters{false};        // NVTASKSET_ON_CLUSTER_MISFIT=widen
+std::atomic<bool> g_partition_sm_count{false};    // NVTASKSET_SM_COUNT=partition
 // This image published a status entry for its process (withdrawn at exit).
 std::atomic<bool> g_published{false};
 std::atomic<bool> g_widen_reported{false};
@@ -685,8 +687,11 @@ void fill_slots(void* real) {
   for (std::uint32_t i = 0; i < nvtaskset_export_count && *name != '\0'; ++i, name = next_name(name)) {
     void* p = real != nullptr ? ::dlsym(real, name) : fn_addr(&stub_init_failed);
     // The graph entry points go through graphs.cpp (re-encoding on change).
-    if (real != nullptr)
+    // So does cuDeviceGetAttribute with NVTASKSET_SM_COUNT=partition.
+    if (real != nullptr) {
       if (void* w = graphs::wrap_export(name, p, real)) p = w;
+      else if (void* s = sm_count::wrap_export(name, p)) p = s;
+    }
     if (p == nullptr) p = fn_addr(&stub_not_found);
     // Release: a thread whose trampoline sees this pointer also sees the
     // subscription made before it (x86-64 loads are acquire; the aarch64
@@ -701,13 +706,14 @@ void run_init() {
   init_logging();
 
   // The policies (options.hpp): an unknown value keeps the safe default.
-  for (const Option o : {Option::kOnUnsupported, Option::kOnClusterMisfit}) {
+  for (const Option o : {Option::kOnUnsupported, Option::kOnClusterMisfit, Option::kSmCount}) {
     const ChoiceValue c = choice(o);
     if (c.unknown)
       log(spdlog::level::warn, "{}={}: unknown value ({}); using {}", option(o).name, c.value, option(o).choices,
           std::string_view(option(o).choices).substr(0, std::string_view(option(o).choices).find('|')));
     if (o == Option::kOnUnsupported) g_warn_unsupported.store(c.index == 1, std::memory_order_relaxed);
-    else g_widen_clusters.store(c.index == 1, std::memory_order_relaxed);
+    else if (o == Option::kOnClusterMisfit) g_widen_clusters.store(c.index == 1, std::memory_order_relaxed);
+    else g_partition_sm_count.store(c.index == 1, std::memory_order_relaxed);
   }
   const bool warn_only = g_warn_unsupported.load(std::memory_order_relaxed);
 
@@ -789,6 +795,8 @@ void run_init() {
   void* get_uuid = ::dlsym(g_real, "cuDeviceGetUuid_v2");
   if (get_uuid == nullptr) get_uuid = ::dlsym(g_real, "cuDeviceGetUuid");
   g_device_get_uuid.store(reinterpret_cast<DeviceGetUuidFn>(get_uuid), std::memory_order_release);
+  sm_count::configure(g_partition_sm_count.load(std::memory_order_relaxed), &g_header,
+                      reinterpret_cast<DeviceGetUuidFn>(get_uuid));
 
   // The launch callback, before any slot is usable.
   if (claim_registration(*header, image_token())) {

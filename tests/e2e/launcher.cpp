@@ -5,6 +5,7 @@
 #include "launcher_common.hpp"
 
 int main(int argc, char** argv) {
-  const launcher::Driver d{&cuInit, &cuDeviceGet, &cuDevicePrimaryCtxRetain, &cuCtxSetCurrent, &cuLaunchKernel};
+  const launcher::Driver d{&cuInit, &cuDeviceGet, &cuDevicePrimaryCtxRetain, &cuCtxSetCurrent, &cuLaunchKernel,
+                             &cuDeviceGetAttribute};
   return launcher::main(argc, argv, d);
 }

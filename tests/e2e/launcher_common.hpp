@@ -19,6 +19,9 @@
 //   --exec-child         after the loop, fork and exec this program again with
 //                        "--kernels N"; prints "child <pid>"
 //   --device N           launch on device N (default 0)
+//   --print-sms          print "sms N", cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)
+//                        of that device, after cuInit and again ("sms-end N")
+//                        after the loop
 //   --spawn CMD...       (last) after the loop, fork and exec CMD (searched on
 //                        PATH) and wait for it, as a program that starts
 //                        another tool would
@@ -53,6 +56,7 @@ struct Driver {
   CUresult (*ctx_set_current)(CUcontext);
   CUresult (*launch_kernel)(CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int,
                             unsigned int, unsigned int, CUstream, void**, void**);
+  CUresult (*device_get_attribute)(int*, CUdevice_attribute, CUdevice);
 };
 
 struct Options {
@@ -66,6 +70,7 @@ struct Options {
   bool print_libcuda = false;
   bool fork_child = false;
   bool exec_child = false;
+  bool print_sms = false;
   std::vector<std::string> spawn;
 };
 
@@ -101,6 +106,7 @@ inline Options parse(int argc, char** argv) {
     else if (a == "--print-libcuda") o.print_libcuda = true;
     else if (a == "--fork") o.fork_child = true;
     else if (a == "--exec-child") o.exec_child = true;
+    else if (a == "--print-sms") o.print_sms = true;
     else if (a == "--spawn") {
       for (++i; i < argc; ++i) o.spawn.push_back(argv[i]);
       if (o.spawn.empty()) usage("--spawn needs a command");
@@ -155,6 +161,15 @@ inline void launch_once(const Driver& d) {
   check(d.primary_ctx_retain(&ctx, dev), "cuDevicePrimaryCtxRetain");
   check(d.ctx_set_current(ctx), "cuCtxSetCurrent");
   check(d.launch_kernel(nullptr, 1, 1, 1, 32, 1, 1, 0, nullptr, nullptr, nullptr), "cuLaunchKernel");
+}
+
+inline void print_sms(const Driver& d, const char* label) {
+  CUdevice dev;
+  int sms = -1;
+  check(d.device_get(&dev, static_cast<int>(g_device)), "cuDeviceGet");
+  check(d.device_get_attribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute");
+  std::printf("%s %d\n", label, sms);
+  std::fflush(stdout);
 }
 
 inline void sleep_ms(long ms) {
@@ -238,6 +253,7 @@ inline int main(int argc, char** argv, const Driver& d) {
   std::fflush(stdout);
 
   check(d.init(0), "cuInit");
+  if (o.print_sms) print_sms(d, "sms");
   pid_t forked = -1;
   run_loop(d, o, [&] {
     if (!o.ready_file.empty()) write_ready(o.ready_file);
@@ -262,6 +278,7 @@ inline int main(int argc, char** argv, const Driver& d) {
   if (forked == 0) std::exit(0);
   int rc = 0;
   if (forked > 0) rc = wait_child(forked);
+  if (o.print_sms) print_sms(d, "sms-end");
 
   if (o.exec_child) {
     const pid_t c = start_child({"/proc/self/exe", argv[0], "--kernels", std::to_string(o.kernels)});

@@ -41,5 +41,6 @@ int main(int argc, char** argv) {
   resolve(gpa, "cuDevicePrimaryCtxRetain", d.primary_ctx_retain);
   resolve(gpa, "cuCtxSetCurrent", d.ctx_set_current);
   resolve(gpa, "cuLaunchKernel", d.launch_kernel);
+  resolve(gpa, "cuDeviceGetAttribute", d.device_get_attribute);
   return launcher::main(argc, argv, d);
 }

@@ -441,6 +441,37 @@ TEST_P(LauncherKinds, RunsUnchangedWithoutNvtaskset) {
   for (const auto& rec : recs) EXPECT_EQ(rec.mask, "0x5") << rec;
 }
 
+// --partition-sm-count: the task's MULTIPROCESSOR_COUNT is its partition's
+// SMs (2 per TPC), through the export and through cuGetProcAddress (the
+// dlopen launcher), and only when asked. The stand-in has 16 SMs.
+TEST_P(LauncherKinds, PartitionSmCountIsWhatTheTaskReads) {
+  Result r = run({kCli, "--no-mps", "-t", "0-2", GetParam(), "--print-sms"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_NE(r.out.find("sms 16\n"), std::string::npos) << "off by default: " << r;
+  for (const std::string flag : {"--partition-sm-count", "--hide-unallocated"}) {
+    r = run({kCli, "--no-mps", flag, "-t", "0-2", GetParam(), "--print-sms"});
+    ASSERT_TRUE(ExitedWith(r, 0)) << r;
+    EXPECT_NE(r.out.find("sms 6\nsms-end 6\n"), std::string::npos) << flag << ": " << r;
+    EXPECT_EQ(r.err, "") << r;
+  }
+  // The same through the environment, as for the other options.
+  Env env = env_;
+  env["NVTASKSET_SM_COUNT"] = "Partition";
+  r = run({kCli, "--no-mps", "0x3", GetParam(), "--print-sms"}, env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_NE(r.out.find("sms 4\n"), std::string::npos) << r;
+  // An unknown value is said, and the GPU's count stays.
+  env["NVTASKSET_SM_COUNT"] = "half";
+  r = run({kCli, "--no-mps", "-t", "0-2", GetParam(), "--print-sms"}, env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_NE(r.out.find("sms 16\n"), std::string::npos) << r;
+  EXPECT_NE(r.err.find("NVTASKSET_SM_COUNT=half: unknown value"), std::string::npos) << r;
+  // Never more than the driver says (a physical mask may name more bits than exist).
+  r = run({kCli, "--no-mps", "--partition-sm-count", "--physical", "0xffffffffff", GetParam(), "--print-sms"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_NE(r.out.find("sms 16\n"), std::string::npos) << r;
+}
+
 INSTANTIATE_TEST_SUITE_P(E2E, LauncherKinds, ::testing::Values(kLauncher, kLauncherDlopen),
                          [](const auto& info) { return fs::path(info.param).filename().string(); });
 
@@ -976,6 +1007,40 @@ TEST_F(E2E, EachGpuGetsItsOwnPartition) {
       EXPECT_TRUE(FailedWithOneLine(r)) << "an ambiguous UUID prefix must be refused: " << r;
     }
   }
+}
+
+// --partition-sm-count per GPU: each device answers with its own partition;
+// a device without one with the driver's count.
+TEST_F(E2E, PartitionSmCountIsPerGpu) {
+  env_["FAKECUDA_DEVICES"] = "2";
+  for (const auto& [device, want] : std::vector<std::pair<std::string, std::string>>{{"0", "sms 16"}, {"1", "sms 4"}}) {
+    const Result r = run({kCli, "--no-mps", "--partition-sm-count", "-d", "1", "-t", "4-5", kLauncher, "--device",
+                          device, "--print-sms"});
+    ASSERT_TRUE(ExitedWith(r, 0)) << r;
+    EXPECT_NE(r.out.find(want + "\n"), std::string::npos) << "device " << device << ": " << r;
+  }
+}
+
+// What a task already read stays; a query after `-p` answers with the new
+// partition. Only a launch takes the option.
+TEST_F(E2E, PartitionSmCountFollowsLaterQueriesOnly) {
+  const std::string until = path("until"), ready = path("ready");
+  Proc& p = start({kCli, "--no-mps", "--partition-sm-count", "-t", "0-3", kLauncher, "--print-sms", "--until-file",
+                   until, "--interval-ms", "5", "--ready-file", ready},
+                  env_);
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0);
+  EXPECT_NE(p.out().find("sms 8\n"), std::string::npos) << p.out();
+  const Result q = run({kCli, "-p", "-t", "0", std::to_string(pid)});
+  ASSERT_TRUE(ExitedWith(q, 0)) << q;
+  const Result bad = run({kCli, "-p", "--partition-sm-count", "-t", "1", std::to_string(pid)});
+  EXPECT_TRUE(FailedWithOneLine(bad)) << bad;
+  EXPECT_NE(bad.err.find("goes with a launch"), std::string::npos) << bad;
+  touch(until);
+  const Result r = p.wait();
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_NE(r.out.find("sms 8\n"), std::string::npos) << r;
+  EXPECT_NE(r.out.find("sms-end 2\n"), std::string::npos) << r;
 }
 
 TEST_F(E2E, UnknownTmdLayoutStopsThePartitionedTask) {

@@ -26,6 +26,7 @@ enum class Option : unsigned {
   kNvdebugRoot,      // NVTASKSET_NVDEBUG_ROOT (tests)
   kStatusDir,        // NVTASKSET_STATUS_DIR (tests)
   kMpsOtherUser,     // NVTASKSET_MPS_OTHER_USER
+  kSmCount,          // NVTASKSET_SM_COUNT
 };
 
 enum class OptionKind { kChoice, kPath, kInternal };
@@ -65,6 +66,9 @@ inline constexpr OptionDesc kOptions[] = {
      "where the public status entries live instead of /dev/shm (tests)"},
     {Option::kMpsOtherUser, "NVTASKSET_MPS_OTHER_USER", OptionKind::kChoice, "wait|fail", true,
      "the MPS server serves another user's clients: start anyway and wait for them (said in one line), or fail"},
+    {Option::kSmCount, "NVTASKSET_SM_COUNT", OptionKind::kChoice, "device|partition", true,
+     "what cuDeviceGetAttribute(MULTIPROCESSOR_COUNT) tells the task: the GPU's SMs, or its partition's "
+     "(same as --partition-sm-count)"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }
