@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "nvtaskset/cuda_driver.hpp"
+#include "nvtaskset/device_cache.hpp"
 #include "nvtaskset/idlist.hpp"
 #include "nvtaskset/topology_source.hpp"
 
@@ -24,15 +25,39 @@ struct Devices::Impl {
   std::map<DeviceUuid, std::optional<topo::Topology>> known;  // without calibration
   std::vector<std::unique_ptr<topo::DeviceInfo>> from_regions;
 
+  // The device cache (device_cache.hpp): its key is read before the driver
+  // is opened, since opening it changes the environment.
+  std::optional<std::string> cache_key;
+  std::optional<topo::CachedDevices> cached;
+  bool cache_tried = false;
+  const std::string& key() {
+    if (!cache_key) cache_key = topo::device_cache_key({});
+    return *cache_key;
+  }
   topo::CudaDriver& drv() {
     if (!driver) {
+      const std::string& k = key();
       topo::DriverOptions o;
       o.locate.exclude = shim_paths;
       driver = std::make_unique<topo::CudaDriver>(o);
       devices = driver->query_devices();
       if (devices.empty()) throw std::runtime_error("no CUDA device is visible");
+      if (!k.empty())
+        if (const std::string why = topo::device_cache_store(k, {devices, driver->library_path()}, {}); !why.empty())
+          spdlog::debug("device list not cached: {}", why);
     }
     return *driver;
+  }
+  // The devices for a launch: the live list once the driver is open, else
+  // the cached one when it is fresh, else the driver is opened.
+  const std::vector<topo::DeviceInfo>& for_launch() {
+    if (!driver && !cache_tried) {
+      cache_tried = true;
+      cached = topo::device_cache_load(key(), {});
+    }
+    if (!driver && cached) return cached->devices;
+    drv();
+    return devices;
   }
 
   topo::TopologyOptions options() {
@@ -72,7 +97,7 @@ const std::vector<topo::DeviceInfo>& Devices::all() {
 }
 
 const topo::DeviceInfo& Devices::select(const std::string& spec) {
-  const auto& devs = all();
+  const auto& devs = impl_->for_launch();
   const topo::DeviceInfo picked = topo::select_device(devs, spec.empty() ? "0" : spec);
   for (const auto& d : devs)
     if (d.ordinal == picked.ordinal) return d;
@@ -161,7 +186,10 @@ std::string Devices::cluster_warning(const topo::DeviceInfo& dev, const LogicalT
   return w;
 }
 
-std::string Devices::driver_path() { return impl_->drv().library_path(); }
+std::string Devices::driver_path() {
+  if (!impl_->driver && impl_->cached) return impl_->cached->driver_path;
+  return impl_->drv().library_path();
+}
 
 void Devices::restore_environment() {
   if (impl_->driver) impl_->driver->restore_environment();

@@ -1043,6 +1043,114 @@ TEST_F(E2E, PartitionSmCountFollowsLaterQueriesOnly) {
   EXPECT_NE(r.out.find("sms-end 2\n"), std::string::npos) << r;
 }
 
+// The device cache (topology/include/nvtaskset/device_cache.hpp): with the
+// GPUs described in procfs (here a stand-in tree), the second launch takes the
+// device list from the cache and the CLI never initialises the driver; any
+// change to what decides CUDA's enumeration, and a cache file others could
+// have written, make the CLI ask the driver again. Without that procfs tree
+// (no NVIDIA kernel driver) there is no cache at all.
+class DeviceCache : public E2E {
+ protected:
+  void SetUp() override {
+    E2E::SetUp();
+    proc_ = path("proc");
+    fs::create_directories(proc_ + "/driver/nvidia/gpus/0000:01:00.0");
+    fs::create_directories(proc_ + "/driver/nvidia/gpus/0000:02:00.0");
+    write(proc_ + "/driver/nvidia/version", "NVRM version: NVIDIA UNIX Open Kernel Module  580.159.04\n");
+    write(gpu_info(1), "Model: \t\t Stand-in\nGPU UUID: \t GPU-fa4ecda0-0000-4000-8000-000000000000\n");
+    write(gpu_info(2), "Model: \t\t Stand-in\nGPU UUID: \t GPU-fa4ecda0-0000-4000-8000-000000000001\n");
+    env_["NVTASKSET_NVDEBUG_ROOT"] = proc_;
+    env_["FAKECUDA_INIT_LOG"] = path("inits");
+    env_["FAKECUDA_DEVICES"] = "2";
+  }
+  static void write(const std::string& file, const std::string& text) { std::ofstream(file) << text; }
+  std::string gpu_info(int bus) const {
+    return proc_ + "/driver/nvidia/gpus/0000:0" + std::to_string(bus) + ":00.0/information";
+  }
+  // Launches on `device`, checks the mask the kernel got, and returns the
+  // programs that called cuInit ("nvtaskset" is the CLI before its exec).
+  std::string launch(const std::string& device, const Env& env) {
+    ::unlink(path("inits").c_str());
+    ::unlink(record_.c_str());
+    const Result r = run({kCli, "--no-mps", "-d", device, "-t", "1-2", kLauncher, "--device", device}, env);
+    EXPECT_TRUE(ExitedWith(r, 0)) << r;
+    const auto recs = records();
+    EXPECT_EQ(recs.size(), 1u);
+    for (const auto& rec : recs) EXPECT_EQ(rec.mask, disable64(0x6)) << rec;
+    return read_file(path("inits"));
+  }
+  std::vector<std::string> cache_files() {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(path("cache/nvtaskset"), ec))
+      if (e.path().filename().string().starts_with("devices-")) out.push_back(e.path().string());
+    return out;
+  }
+  std::string proc_;
+};
+
+TEST_F(DeviceCache, SecondLaunchSkipsTheDriverUntilSomethingChanges) {
+  EXPECT_EQ(launch("1", env_), "init nvtaskset\ninit launcher\n");
+  ASSERT_EQ(cache_files().size(), 1u);
+  struct stat st {};
+  ASSERT_EQ(::stat(cache_files()[0].c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(launch("1", env_), "init launcher\n") << "fresh cache: the CLI must not initialise the driver";
+  EXPECT_EQ(launch("0", env_), "init launcher\n");
+  // A device that does not exist is refused from the cache as from the driver.
+  Result r = run({kCli, "--no-mps", "-d", "2", "-t", "1", "true"});
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  // What decides CUDA's enumeration changes: the driver is asked again.
+  Env env = env_;
+  env["CUDA_VISIBLE_DEVICES"] = "0,1";
+  EXPECT_EQ(launch("1", env), "init nvtaskset\ninit launcher\n") << "CUDA_VISIBLE_DEVICES";
+  EXPECT_EQ(launch("1", env), "init launcher\n");
+  env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID";
+  EXPECT_EQ(launch("1", env), "init nvtaskset\ninit launcher\n") << "CUDA_DEVICE_ORDER";
+  write(gpu_info(2), "Model: \t\t Stand-in\nGPU UUID: \t GPU-fa4ecda0-0000-4000-8000-000000000009\n");
+  EXPECT_EQ(launch("1", env_), "init nvtaskset\ninit launcher\n") << "another GPU";
+  write(proc_ + "/driver/nvidia/version", "NVRM version: NVIDIA UNIX Open Kernel Module  580.999.01\n");
+  EXPECT_EQ(launch("1", env_), "init nvtaskset\ninit launcher\n") << "another driver";
+  fs::create_directories(proc_ + "/driver/nvidia/capabilities/gpu0/mig/gi1/ci0");
+  EXPECT_EQ(launch("1", env_), "init nvtaskset\ninit launcher\n") << "a MIG instance";
+  EXPECT_EQ(launch("1", env_), "init launcher\n");
+  fs::remove(gpu_info(2));
+  EXPECT_EQ(launch("1", env_), "init nvtaskset\ninit launcher\n") << "a GPU that cannot be described";
+  EXPECT_EQ(launch("1", env_), "init nvtaskset\ninit launcher\n");
+}
+
+TEST_F(DeviceCache, UntrustedOrBrokenFilesAreNotUsed) {
+  EXPECT_EQ(launch("1", env_), "init nvtaskset\ninit launcher\n");
+  ASSERT_EQ(cache_files().size(), 1u);
+  const std::string file = cache_files()[0];
+  ::chmod(file.c_str(), 0622);  // others could have written it
+  EXPECT_EQ(launch("1", env_), "init nvtaskset\ninit launcher\n");
+  ASSERT_EQ(cache_files().size(), 1u);
+  EXPECT_EQ(launch("1", env_), "init launcher\n") << "rewritten owner-only";
+  // A device list that does not parse, or whose driver file changed.
+  write(file, "{\"schema\": \"nvtaskset-devices/1\", \"key\": 7}");
+  ::chmod(file.c_str(), 0600);
+  EXPECT_EQ(launch("1", env_), "init nvtaskset\ninit launcher\n");
+  const std::string text = read_file(file);
+  ASSERT_NE(text.find("\"identity\""), std::string::npos);
+  std::string edited = text;
+  const auto at = edited.find(":", edited.find("\"identity\"") + 11);
+  edited.insert(at + 3, "9");
+  write(file, edited);
+  EXPECT_EQ(launch("1", env_), "init nvtaskset\ninit launcher\n") << edited;
+}
+
+TEST_F(E2E, NoDeviceCacheWithoutTheKernelDriversGpuList) {
+  env_["FAKECUDA_INIT_LOG"] = path("inits");
+  env_["NVTASKSET_NVDEBUG_ROOT"] = path("empty-proc");
+  for (int i = 0; i < 2; ++i) {
+    ::unlink(path("inits").c_str());
+    const Result r = run({kCli, "--no-mps", "-t", "1", kLauncher});
+    ASSERT_TRUE(ExitedWith(r, 0)) << r;
+    EXPECT_EQ(read_file(path("inits")), "init nvtaskset\ninit launcher\n");
+  }
+}
+
 TEST_F(E2E, UnknownTmdLayoutStopsThePartitionedTask) {
   env_["FAKECUDA_TMD_LAYOUT"] = "unknown";
   env_["FAKECUDA_INITIAL_MASK"] = "0x5";

@@ -30,6 +30,9 @@
 //                          TPC, distinct, < 128; default: bit k controls TPC
 //                          k, as before Hopper). Only the probe kernel below
 //                          obeys it.
+//   FAKECUDA_INIT_LOG      file; each cuInit appends "init <comm>" (the
+//                          calling program's name), so tests can tell
+//                          whether the CLI itself initialised the driver
 // The layout field gets a trailing '!' when a callback changed any TMD byte
 // outside the mask field and its valid bit: a shim writing at the wrong
 // offsets must not go unnoticed.
@@ -701,6 +704,22 @@ extern "C" {
 CUresult CUDAAPI cuInit(unsigned int flags) {
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
   (void)config();  // a bad configuration fails here, loudly
+  if (const char* log = std::getenv("FAKECUDA_INIT_LOG")) {
+    char comm[64] = {};
+    const int cfd = ::open("/proc/self/comm", O_RDONLY | O_CLOEXEC);
+    if (cfd >= 0) {
+      const ssize_t n = ::read(cfd, comm, sizeof comm - 1);
+      ::close(cfd);
+      if (n > 0 && comm[n - 1] == '\n') comm[n - 1] = '\0';
+    }
+    const std::string line = std::string("init ") + comm + "\n";
+    const int fd = ::open(log, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+      if (::write(fd, line.data(), line.size()) < 0) {
+      }
+      ::close(fd);
+    }
+  }
   g_initialized.store(true, std::memory_order_release);
   return CUDA_SUCCESS;
 }

@@ -24,7 +24,8 @@ class Devices {
   ~Devices();
 
   const std::vector<topo::DeviceInfo>& all();
-  // "" selects device 0; else an index, UUID or PCI bus id.
+  // "" selects device 0; else an index, UUID or PCI bus id. Without cuInit
+  // when the device cache is fresh (device_cache.hpp).
   const topo::DeviceInfo& select(const std::string& spec);
   // The device a task's region describes, when the description is complete
   // and its layout is known without the driver (cache, file, identity);
@@ -40,7 +41,7 @@ class Devices {
   // A warning when `tpcs` cannot run some cluster size the GPU supports.
   std::string cluster_warning(const topo::DeviceInfo& dev, const LogicalTpcSet& tpcs);
 
-  // The real driver library the query used.
+  // The real driver library the query (or the fresh device cache) names.
   std::string driver_path();
   // Undo what querying the driver did to this process's environment
   // (CUDA_MPS_PIPE_DIRECTORY), before starting or looking for MPS.
