@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // CUDA graphs under a partition: see graphs.hpp for the mechanism.
 #include "graphs.hpp"
-#include "sm_count.hpp"
 
 #include <dlfcn.h>
 
@@ -73,6 +72,7 @@ std::atomic<ChildGetGraphFn> g_child_get_graph{nullptr};
 std::atomic<NodeGetEnabledFn> g_node_get_enabled{nullptr};
 
 std::atomic<std::atomic<ctl::Header*>*> g_header_src{nullptr};
+std::atomic<HandOutFn> g_hand_out_hook{nullptr};
 
 ctl::Header* header() noexcept {
   auto* src = g_header_src.load(std::memory_order_acquire);
@@ -479,7 +479,7 @@ void hand_out_wrapper(const char* symbol, void** pfn, int cuda_version, cuuint64
     if (*pfn == g_real[i].load(std::memory_order_acquire)) f = static_cast<int>(i);
   if (f < 0) f = variant_for(symbol, cuda_version, flags);
   if (f >= 0 && g_real[f].load(std::memory_order_acquire) != nullptr) *pfn = wrapper_of(static_cast<unsigned>(f));
-  else sm_count::hand_out(pfn);  // cuDeviceGetAttribute, when NVTASKSET_SM_COUNT=partition
+  else if (const HandOutFn hook = g_hand_out_hook.load(std::memory_order_acquire)) hook(pfn);
 }
 
 CUresult w_get_proc_address(const char* symbol, void** pfn, int cuda_version, cuuint64_t flags) {
@@ -527,6 +527,7 @@ void* wrapper_of(unsigned f) noexcept {
 
 void set_header(std::atomic<ctl::Header*>* h) noexcept { g_header_src.store(h, std::memory_order_release); }
 void set_warn(WarnFn fn) noexcept { g_warn.store(fn, std::memory_order_release); }
+void set_hand_out_hook(HandOutFn fn) noexcept { g_hand_out_hook.store(fn, std::memory_order_release); }
 
 void* wrap_export(const char* name, void* real_fn, void* driver) noexcept {
   if (g_get_nodes.load(std::memory_order_relaxed) == nullptr && driver != nullptr) {

@@ -21,7 +21,8 @@
 //   * cuGraphExecUpdate and user calls of cuGraphNodeSetEnabled mark the exec
 //     stale; cuGraphExecDestroy forgets it;
 //   * cuGetProcAddress hands out these wrappers too (cudart and PyTorch find
-//     the driver's functions through it), and sm_count.hpp's.
+//     the driver's functions through it), and the shim's other wrappers
+//     through set_hand_out_hook.
 // Everything here runs in API calls, never in the launch callback, except
 // note_tmd_built(), which is a load and a compare unless a re-encode is
 // under way.
@@ -56,6 +57,11 @@ void set_header(std::atomic<ctl::Header*>* header) noexcept;
 // How warnings reach the user (the shim's logger); stderr until set.
 using WarnFn = void (*)(const char* message);
 void set_warn(WarnFn fn) noexcept;
+
+// For cuGetProcAddress: called with what the driver handed out when it is
+// none of the graph functions, so the shim's other wrappers are handed out too.
+using HandOutFn = void (*)(void** pfn);
+void set_hand_out_hook(HandOutFn fn) noexcept;
 
 // For the init: the wrapper that replaces the driver export `name`, after
 // remembering `real` as the function it calls; nullptr when `name` is not

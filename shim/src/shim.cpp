@@ -638,6 +638,42 @@ void at_exit() {
   if (g_published.load(std::memory_order_relaxed)) ctl::withdraw_status(::getpid());
 }
 
+// ---- a forked child's status entry -----------------------------------------------
+// A child forked without exec keeps the partition (its own region, below) but
+// has no status entry. The driver does not carry over a fork: a child uses the
+// GPU only after its own cuInit, so that is where its entry is published, and
+// children that never touch the GPU (data-loader workers) are not listed.
+using InitFn = int (*)(unsigned flags);
+std::atomic<InitFn> g_real_init{nullptr};
+std::atomic<bool> g_publish_at_init{false};
+
+int w_init(unsigned flags) {
+  const int rc = g_real_init.load(std::memory_order_acquire)(flags);
+  if (rc == 0 && g_publish_at_init.exchange(false, std::memory_order_acq_rel)) {
+    if (const ctl::Header* h = g_header.load(std::memory_order_acquire)) {
+      try {
+        const std::vector<DevicePartition> parts = ctl::read_all(*h);
+        if (any_active(parts)) {
+          if (const std::string why = ctl::publish_status(::getpid(), parts); !why.empty())
+            log(spdlog::level::debug, "no status entry: {}", why);
+          else
+            g_published.store(true, std::memory_order_relaxed);
+        }
+      } catch (const std::exception& e) {
+        log(spdlog::level::debug, "no status entry: {}", e.what());
+      }
+    }
+  }
+  return rc;
+}
+
+// cuGetProcAddress hands out the shim's wrappers beyond the graph ones.
+void hand_out(void** pfn) {
+  sm_count::hand_out(pfn);
+  const InitFn real = g_real_init.load(std::memory_order_acquire);
+  if (real != nullptr && *pfn == fn_addr(real)) *pfn = fn_addr(&w_init);
+}
+
 void atfork_prepare() { pthread_mutex_lock(&g_log_mu); }
 void atfork_parent() { pthread_mutex_unlock(&g_log_mu); }
 
@@ -659,6 +695,9 @@ void atfork_child() {
     return;
   }
   const std::uint32_t registered = old->callback_registered.load(std::memory_order_relaxed);
+  // The parent's entry is the parent's; this process gets its own at cuInit.
+  g_published.store(false, std::memory_order_relaxed);
+  g_publish_at_init.store(any_active(parts), std::memory_order_relaxed);
   try {
     auto region = ctl::Region::create_for_self(parts);
     region->header().callback_registered.store(registered, std::memory_order_relaxed);
@@ -688,9 +727,14 @@ void fill_slots(void* real) {
     void* p = real != nullptr ? ::dlsym(real, name) : fn_addr(&stub_init_failed);
     // The graph entry points go through graphs.cpp (re-encoding on change).
     // So does cuDeviceGetAttribute with NVTASKSET_SM_COUNT=partition.
+    // And cuInit, for a forked child's status entry.
     if (real != nullptr) {
       if (void* w = graphs::wrap_export(name, p, real)) p = w;
       else if (void* s = sm_count::wrap_export(name, p)) p = s;
+      else if (p != nullptr && std::strcmp(name, "cuInit") == 0) {
+        g_real_init.store(reinterpret_cast<InitFn>(p), std::memory_order_release);
+        p = fn_addr(&w_init);
+      }
     }
     if (p == nullptr) p = fn_addr(&stub_not_found);
     // Release: a thread whose trampoline sees this pointer also sees the
@@ -765,6 +809,7 @@ void run_init() {
   g_header.store(header, std::memory_order_release);
   graphs::set_header(&g_header);
   graphs::set_warn([](const char* m) { log(spdlog::level::warn, "{}", m); });
+  graphs::set_hand_out_hook(&hand_out);
   std::atexit(at_exit);
   ::pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
   // What applies now: `initial`, unless the region already existed (an

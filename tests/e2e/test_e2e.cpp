@@ -2676,6 +2676,52 @@ TEST_F(Sharing, AllTasksMovesTheTaskAndItsChildren) {
   stop_all();
 }
 
+// A child forked without exec that uses the GPU (its own cuInit) is listed
+// by --status with its own entry, which follows `-p` on it; a child that
+// never initialises CUDA is not listed.
+TEST_F(Sharing, StatusListsAForkedChildThatUsesTheGpu) {
+  Proc* p = nullptr;
+  const long pid = start_task({"-t", "0-1"}, "a", &p, {"--fork"});
+  ASSERT_GT(pid, 0);
+  const long child = wait_ready(path("ready.a") + ".child", *p);
+  ASSERT_GT(child, 0);
+  auto listed = [&] {
+    const Result st = run({kCli, "--status", "--json"});
+    EXPECT_TRUE(ExitedWith(st, 0)) << st;
+    std::map<long, std::string> out;
+    const auto j = nlohmann::json::parse(st.out);
+    for (const auto& t : j["tasks"]) out[t["pid"].get<long>()] = t["tpcs"];
+    return out;
+  };
+  auto m = listed();
+  EXPECT_EQ(m.size(), 2u);
+  EXPECT_EQ(m[pid], "0-1");
+  EXPECT_EQ(m[child], "0-1");
+  ASSERT_TRUE(ExitedWith(run({kCli, "-p", "-t", "6", std::to_string(child)}), 0));
+  m = listed();
+  EXPECT_EQ(m[pid], "0-1");
+  EXPECT_EQ(m[child], "6");
+  // -n now avoids the child's TPC too: 5 free of 8 (0, 1 and 6 held).
+  const Result r = run({kCli, "--no-mps", "--exclusive", "-n", "6", "true"});
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  EXPECT_NE(r.err.find("only 5 of 8 TPCs"), std::string::npos) << r;
+  stop_all();
+  EXPECT_TRUE(listed().empty());
+}
+
+// A child forked without exec that never touches CUDA (a data-loader worker)
+// keeps the partition but is not listed.
+TEST_F(Sharing, AForkedChildWithoutCudaIsNotListed) {
+  const long pid = start_task({"-t", "0-1"}, "a", nullptr, {"--spawn", "sleep", "1"});
+  ASSERT_GT(pid, 0);
+  const Result st = run({kCli, "--status", "--json"});
+  ASSERT_TRUE(ExitedWith(st, 0)) << st;
+  const auto tasks = nlohmann::json::parse(st.out)["tasks"];
+  ASSERT_EQ(tasks.size(), 1u) << st.out;
+  EXPECT_EQ(tasks[0]["pid"], pid);
+  stop_all();
+}
+
 // MPS serves one user at a time: a task that would wait behind another
 // user's clients is told so, and NVTASKSET_MPS_OTHER_USER=fail refuses it.
 TEST_F(E2E, AnotherUsersMpsServerIsNamedNeverWaitedForSilently) {

@@ -61,7 +61,7 @@ inline constexpr OptionDesc kOptions[] = {
      "the nvidia-cuda-mps-control program to use"},
     {Option::kLdconfig, "NVTASKSET_LDCONFIG", OptionKind::kPath, "", false, "ldconfig for --system-wide (tests)"},
     {Option::kSysconfdir, "NVTASKSET_SYSCONFDIR", OptionKind::kPath, "", false, "/etc for --system-wide (tests)"},
-    {Option::kNvdebugRoot, "NVTASKSET_NVDEBUG_ROOT", OptionKind::kPath, "", false, "/proc for nvdebug (tests)"},
+    {Option::kNvdebugRoot, "NVTASKSET_NVDEBUG_ROOT", OptionKind::kPath, "", false, "/proc for nvdebug and the kernel driver's GPU list (tests)"},
     {Option::kStatusDir, "NVTASKSET_STATUS_DIR", OptionKind::kPath, "", false,
      "where the public status entries live instead of /dev/shm (tests)"},
     {Option::kMpsOtherUser, "NVTASKSET_MPS_OTHER_USER", OptionKind::kChoice, "wait|fail", true,
