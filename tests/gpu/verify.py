@@ -11,7 +11,7 @@ Every GPU command has a timeout. Each check prints PASS/FAIL with its evidence;
 the exit status is the number of failures. Sections: calibrate, probe, lists,
 gpc, live, mps, torch, bench, errors, multi (needs 2 GPUs), systemwide, graphs,
 clusters, libclusters, torchgraphs, graphoverhead, graphbench, hardening, sharing,
-multiuser (default: all).
+multiuser, smcount, startupcache (default: all).
 """
 import json
 import os
@@ -1240,8 +1240,70 @@ def section_multiuser():
         stop_mps_safely()
 
 
+def section_smcount():
+    """--partition-sm-count: what a task reads as the SM count, through every door, with and without MPS; PyTorch."""
+    full = ntpcs() * 2
+    pat = r"sms driver=(\d+) procaddr=(\d+) runtime=(\d+) props=(\d+)"
+    for mps in (False, True):
+        pre = [NV] + ([] if mps else ["--no-mps"])
+        for flag, want in (([], full), (["--partition-sm-count"], 32), (["--hide-unallocated"], 32)):
+            rc, out, err, _ = run(pre + flag + ["-n", "16", f"{GPUBIN}/sm_count"], timeout=60)
+            m = re.search(pat, out)
+            got = [int(x) for x in m.groups()] if m else []
+            check(f"smcount: -n 16 {' '.join(flag) or '(no option)'}{' under MPS' if mps else ''}: every door says {want}",
+                  rc == 0 and got == [want] * 4, f"rc={rc} {out.strip()} {err.strip()[-200:]}")
+        if mps:
+            stop_mps_safely()
+    code = "import torch; print('torch sms', torch.cuda.get_device_properties(0).multi_processor_count)"
+    for flag, want in (([], full), (["--partition-sm-count"], 32)):
+        rc, out, err, _ = run([NV, "--no-mps"] + flag + ["-n", "16", "python3", "-c", code], timeout=120)
+        check(f"smcount: PyTorch multi_processor_count {' '.join(flag) or '(no option)'} is {want}",
+              rc == 0 and f"torch sms {want}" in out, f"rc={rc} {out.strip()} {err.strip()[-200:]}")
+
+
+def section_startupcache():
+    """The device cache: the second launch does not initialise the driver in the CLI, and still lands exactly."""
+    env = {"NVTASKSET_LOG": "debug"}
+    for f in os.listdir(os.path.expanduser("~/.cache/nvtaskset")) if os.path.isdir(os.path.expanduser("~/.cache/nvtaskset")) else []:
+        if f.startswith("devices-"):
+            os.remove(os.path.join(os.path.expanduser("~/.cache/nvtaskset"), f))
+    rc1, _, e1, d1 = run([NV, "--no-mps", "-t", "0-65", "true"], timeout=60, env=env)
+    rc2, _, e2, d2 = run([NV, "--no-mps", "-t", "0-65", "true"], timeout=60, env=env)
+    check("startupcache: the first launch asks the driver and caches the device list",
+          rc1 == 0 and "device list cached in" in e1, f"rc={rc1} {d1:.3f}s")
+    check("startupcache: the second launch takes it from the cache (no cuInit in the CLI)",
+          rc2 == 0 and "device list from cache" in e2 and "device list cached in" not in e2, f"rc={rc2} {d2:.3f}s")
+    times = {"cold": [], "cached": []}
+    for i in range(10):
+        for label in ("cold", "cached"):
+            if label == "cold":
+                for f in os.listdir(os.path.expanduser("~/.cache/nvtaskset")):
+                    if f.startswith("devices-"):
+                        os.remove(os.path.join(os.path.expanduser("~/.cache/nvtaskset"), f))
+            rc, _, _, dt = run([NV, "--no-mps", "-t", "0-65", "true"], timeout=60, quiet=True)
+            times[label].append(dt)
+            if label == "cold":
+                run([NV, "--no-mps", "-t", "0-65", "true"], timeout=60, quiet=True)  # refill
+    log(f"INFO startupcache: `nvtaskset --no-mps -t 0-65 true` median {median(times['cold']) * 1000:.0f} ms with the "
+        f"driver initialised, {median(times['cached']) * 1000:.0f} ms from the cache (10 rounds, alternating)")
+    # Still exact: a list from the cached device list lands on exactly its TPCs.
+    rc, out, err, _ = run([NV, "--no-mps", "-t", "3,9,20-23", f"{GPUBIN}/smid_probe", "--iters", "1"], timeout=60, env=env)
+    ran = set()
+    t = re.search(r"tpcs:([\d ]+)", out)
+    if t:
+        ran = {int(x) for x in t.group(1).split()}
+    else:
+        for line in out.splitlines():
+            if line.startswith("iter "):
+                ran = parse_ranges(line.split()[-1])
+    check("startupcache: -t 3,9,20-23 from the cached list ran on exactly those TPCs",
+          rc == 0 and ran == {3, 9, 20, 21, 22, 23} and "device list from cache" in err, f"rc={rc} ran {ranges(ran)}")
+    rc, out, err, _ = run([NV, "--verify", "--seed", "7"], timeout=120)
+    check("startupcache: --verify passes with the cached device list", rc == 0, out.strip()[-200:] + err.strip()[-200:])
+
+
 SECTIONS = ["calibrate", "probe", "lists", "gpc", "live", "mps", "torch", "bench", "errors", "multi", "systemwide",
-            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening", "sharing", "multiuser"]
+            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening", "sharing", "multiuser", "smcount", "startupcache"]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:] or SECTIONS
