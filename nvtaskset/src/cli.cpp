@@ -528,7 +528,7 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
   // stays one line.
   for (const std::string& w : warnings) spdlog::warn("{}", w);
   exec_task(cmd, task_environment(env, shim_dir, encode_partitions(parts), devices.driver_path(),
-                                  o.partition_sm_count));
+                                  o.partition_sm_count, !o.no_mps));
 }
 
 // --verify (verify.hpp) checks partitions of its own on one GPU.
@@ -923,7 +923,7 @@ std::string find_shim_dir(const std::string& exe_path) {
 
 std::vector<std::string> task_environment(std::vector<std::string> env, const std::string& shim_dir,
                                           const std::string& partitions, const std::string& real_driver,
-                                          bool partition_sm_count) {
+                                          bool partition_sm_count, bool mps_client) {
   auto find = [&](const std::string& name) -> std::string* {
     for (auto& e : env)
       if (e.size() > name.size() && e.compare(0, name.size(), name) == 0 && e[name.size()] == '=') return &e;
@@ -943,7 +943,10 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   }
   // MPS clients get 2 hardware channels by default, which serialises their
   // streams; 8 restores the non-MPS behaviour (docs/hardware.md, paper Sec. 5.2).
-  if (!find("CUDA_DEVICE_MAX_CONNECTIONS")) set("CUDA_DEVICE_MAX_CONNECTIONS", "8");
+  // Outside MPS 8 is the default, and setting it explicitly costs start-up
+  // time: 38 ms of a 225 ms first kernel on an H100 (bench/startup_split.py,
+  // docs/results.md), so a --no-mps task is left as it is.
+  if (mps_client && !find("CUDA_DEVICE_MAX_CONNECTIONS")) set("CUDA_DEVICE_MAX_CONNECTIONS", "8");
   if (!real_driver.empty()) set(kRealDriverEnv, real_driver);
   if (partition_sm_count) set(option(Option::kSmCount).name, "partition");
   return env;

@@ -1196,7 +1196,9 @@ TEST_F(E2E, EnvironmentOfTheTask) {
 
   Result r = launch(env_);
   ASSERT_TRUE(ExitedWith(r, 0));
-  EXPECT_EQ(printed_env(r.out, "CUDA_DEVICE_MAX_CONNECTIONS").value_or("<unset>"), "8");
+  // Outside MPS, 8 channels is CUDA's default: left alone (setting it costs
+  // start-up time; an MPS client gets 8, EnvironmentOfAnMpsClient).
+  EXPECT_EQ(printed_env(r.out, "CUDA_DEVICE_MAX_CONNECTIONS").value_or("<unset>"), "<unset>");
   auto ldp = printed_env(r.out, "LD_LIBRARY_PATH");
   ASSERT_TRUE(ldp.has_value());
   // Exactly the shim dir: a trailing ':' would add the working directory.
@@ -2724,6 +2726,23 @@ TEST_F(Sharing, AForkedChildWithoutCudaIsNotListed) {
 
 // MPS serves one user at a time: a task that would wait behind another
 // user's clients is told so, and NVTASKSET_MPS_OTHER_USER=fail refuses it.
+// An MPS client gets 8 hardware channels (2 otherwise serialise its streams),
+// unless the user chose a number.
+TEST_F(E2E, EnvironmentOfAnMpsClient) {
+  Env env = env_;
+  env["NVTASKSET_MPS_CONTROL"] = kFakeMps;
+  env["FAKE_MPS_IDLE_MS"] = "20000";
+  Result r = run({kCli, "-t", "0", kLauncher, "--print-env", "CUDA_DEVICE_MAX_CONNECTIONS"}, env);
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(printed_env(r.out, "CUDA_DEVICE_MAX_CONNECTIONS").value_or("<unset>"), "8") << r;
+  env["CUDA_DEVICE_MAX_CONNECTIONS"] = "2";
+  r = run({kCli, "-t", "0", kLauncher, "--print-env", "CUDA_DEVICE_MAX_CONNECTIONS"}, env);
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(printed_env(r.out, "CUDA_DEVICE_MAX_CONNECTIONS").value_or("<unset>"), "2") << r;
+  Proc& q = start({"sh", "-c", "echo quit | " + kFakeMps}, env);
+  q.wait();
+}
+
 TEST_F(E2E, AnotherUsersMpsServerIsNamedNeverWaitedForSilently) {
   const auto other = second_user();
   if (!other) GTEST_SKIP() << "needs root to create a second Unix user (CI runs as root)";

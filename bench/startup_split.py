@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Where a task's own CUDA start-up time goes under nvtaskset (docs/results.md, Fig. 11a).
+
+bench_startup shows main->kernel (the task's CUDA initialisation) slower under nvtaskset than
+alone. This splits the candidates apart, side by side in one run, configurations interleaved
+round by round: CUDA_DEVICE_MAX_CONNECTIONS=8 alone, the shim loaded with no partition, the
+shim with a partition (through the CLI), outside MPS and as MPS clients. It prints, for each,
+the median of main -> cudaDeviceSynchronize() returning after the first kernel (first_kernel's
+main_ns and sync_ns, both CLOCK_MONOTONIC in the task) and its ratio to the plain program.
+
+    python3 bench/startup_split.py [--rounds N] [BIN]      (BIN: what bench/build_eval.sh built, default .dev/eval)
+"""
+import argparse
+import os
+import random
+import re
+import statistics
+import subprocess
+import time
+
+
+def run(cmd, env):
+    e = dict(os.environ)
+    e.update(env)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=e)
+    m = re.search(r"main_ns (\d+) kernel_ns (-?\d+) sync_ns (\d+)", p.stdout)
+    if p.returncode != 0 or not m:
+        raise RuntimeError(f"{' '.join(cmd)}: rc={p.returncode} {p.stderr.strip()[-300:]}")
+    return (int(m.group(3)) - int(m.group(1))) / 1e6
+
+
+def mps(cmd):
+    subprocess.run(["nvidia-cuda-mps-control"] + (["-d"] if cmd == "start" else []),
+                   input=None if cmd == "start" else "quit\n", text=True, capture_output=True, timeout=30)
+    time.sleep(1.0)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("bin", nargs="?", default=".dev/eval")
+    a = ap.parse_args()
+    child = os.path.join(a.bin, "cuda/first_kernel")
+    nv = os.path.join(a.bin, "nvt/bin/nvtaskset")
+    shim = os.path.join(a.bin, "nvt/lib/nvtaskset")
+    configs = {
+        "plain": ([child], {}),
+        "conn8": ([child], {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}),
+        "shim, no partition": ([child], {"LD_LIBRARY_PATH": shim}),
+        "nvtaskset --no-mps -t 0-32": ([nv, "--no-mps", "-t", "0-32", child], {}),
+    }
+    mps_configs = {
+        "mps client": ([child], {}),
+        "mps client, conn8": ([child], {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}),
+        "mps client, shim, no partition": ([child], {"LD_LIBRARY_PATH": shim}),
+        "nvtaskset -t 0-32 (mps)": ([nv, "-t", "0-32", child], {}),
+    }
+    times = {k: [] for k in list(configs) + list(mps_configs)}
+    mps("stop")
+    for k, (cmd, env) in configs.items():  # warm-up: caches, page cache
+        run(cmd, env)
+    for r in range(a.rounds):
+        order = list(configs)
+        random.shuffle(order)
+        for k in order:
+            times[k].append(run(*configs[k]))
+    mps("start")
+    for k, (cmd, env) in mps_configs.items():
+        run(cmd, env)
+    for r in range(a.rounds):
+        order = list(mps_configs)
+        random.shuffle(order)
+        for k in order:
+            times[k].append(run(*mps_configs[k]))
+    mps("stop")
+    print(f"main -> first kernel done, in ms (median of {a.rounds}, interleaved)")
+    for base, group in (("plain", configs), ("mps client", mps_configs)):
+        b = statistics.median(times[base])
+        for k in group:
+            med = statistics.median(times[k])
+            print(f"  {k:34s} {med:8.1f}  {med / b:6.3f}x {base}")
+
+
+if __name__ == "__main__":
+    main()
