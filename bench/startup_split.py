@@ -57,22 +57,20 @@ def main():
         "nvtaskset -t 0-32 (mps)": ([nv, "-t", "0-32", child], {}),
     }
     times = {k: [] for k in list(configs) + list(mps_configs)}
+
+    def measure(group):
+        for k, (cmd, env) in group.items():  # warm-up: caches, page cache
+            run(cmd, env)
+        for r in range(a.rounds):
+            order = list(group)
+            random.shuffle(order)
+            for k in order:
+                times[k].append(run(*group[k]))
+
     mps("stop")
-    for k, (cmd, env) in configs.items():  # warm-up: caches, page cache
-        run(cmd, env)
-    for r in range(a.rounds):
-        order = list(configs)
-        random.shuffle(order)
-        for k in order:
-            times[k].append(run(*configs[k]))
+    measure(configs)
     mps("start")
-    for k, (cmd, env) in mps_configs.items():
-        run(cmd, env)
-    for r in range(a.rounds):
-        order = list(mps_configs)
-        random.shuffle(order)
-        for k in order:
-            times[k].append(run(*mps_configs[k]))
+    measure(mps_configs)
     mps("stop")
     print(f"main -> first kernel done, in ms (median of {a.rounds}, interleaved)")
     for base, group in (("plain", configs), ("mps client", mps_configs)):

@@ -945,7 +945,7 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   // streams; 8 restores the non-MPS behaviour (docs/hardware.md, paper Sec. 5.2).
   // Outside MPS 8 is the default, and setting it explicitly costs start-up
   // time: 38 ms of a 225 ms first kernel on an H100 (bench/startup_split.py,
-  // docs/results.md), so a --no-mps task is left as it is.
+  // docs/hardware.md "MPS"), so a --no-mps task is left as it is.
   if (mps_client && !find("CUDA_DEVICE_MAX_CONNECTIONS")) set("CUDA_DEVICE_MAX_CONNECTIONS", "8");
   if (!real_driver.empty()) set(kRealDriverEnv, real_driver);
   if (partition_sm_count) set(option(Option::kSmCount).name, "partition");

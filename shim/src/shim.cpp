@@ -290,31 +290,9 @@ bool launch_device_uuid(std::uint8_t (&out)[16]) noexcept {
   return true;
 }
 
-bool is_any_device(const std::uint8_t (&u)[16]) noexcept {
-  std::uint8_t acc = 0;
-  for (std::uint8_t b : u) acc |= b;
-  return acc == 0;
-}
-
-// The entry whose partition applies to this launch: the entry of the
-// launching GPU, else the "any device" entry, else none (unrestricted).
+// The entry whose partition applies to this launch (control_region.hpp).
 inline const ctl::DeviceEntry* select_entry(const ctl::Header& h) noexcept {
-  const ctl::DeviceEntry* any = nullptr;
-  bool specific = false;
-  for (const ctl::DeviceEntry& e : h.devices) {
-    if (e.in_use.load(std::memory_order_acquire) == 0) continue;
-    if (is_any_device(e.uuid)) {
-      if (any == nullptr) any = &e;
-    } else {
-      specific = true;
-    }
-  }
-  if (!specific) return any;
-  std::uint8_t uuid[16];
-  if (!launch_device_uuid(uuid)) return any;
-  for (const ctl::DeviceEntry& e : h.devices)
-    if (e.in_use.load(std::memory_order_acquire) != 0 && std::memcmp(e.uuid, uuid, 16) == 0) return &e;
-  return any;
+  return ctl::entry_for_device(h, [](std::uint8_t (&uuid)[16]) { return launch_device_uuid(uuid); });
 }
 
 // Appends text to a fixed buffer (no allocation on the fatal path).

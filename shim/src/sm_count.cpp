@@ -17,32 +17,12 @@ std::atomic<std::atomic<ctl::Header*>*> g_header{nullptr};
 std::atomic<DeviceGetUuidFn> g_get_uuid{nullptr};
 std::atomic<GetAttributeFn> g_real{nullptr};
 
-bool is_any_device(const std::uint8_t (&u)[16]) noexcept {
-  std::uint8_t acc = 0;
-  for (std::uint8_t b : u) acc |= b;
-  return acc == 0;
-}
-
-// The device's own entry, else the "any device" entry, else none: the same
-// rule the launch callback applies.
+// The entry that applies on `device` (control_region.hpp), as for a launch there.
 const ctl::DeviceEntry* entry_for(const ctl::Header& h, int device) noexcept {
-  const ctl::DeviceEntry* any = nullptr;
-  bool specific = false;
-  for (const ctl::DeviceEntry& e : h.devices) {
-    if (e.in_use.load(std::memory_order_acquire) == 0) continue;
-    if (is_any_device(e.uuid)) {
-      if (any == nullptr) any = &e;
-    } else {
-      specific = true;
-    }
-  }
-  if (!specific) return any;
-  std::uint8_t uuid[16];
-  const DeviceGetUuidFn get_uuid = g_get_uuid.load(std::memory_order_acquire);
-  if (get_uuid == nullptr || get_uuid(uuid, device) != 0) return any;
-  for (const ctl::DeviceEntry& e : h.devices)
-    if (e.in_use.load(std::memory_order_acquire) != 0 && std::memcmp(e.uuid, uuid, 16) == 0) return &e;
-  return any;
+  return ctl::entry_for_device(h, [device](std::uint8_t (&uuid)[16]) {
+    const DeviceGetUuidFn get_uuid = g_get_uuid.load(std::memory_order_acquire);
+    return get_uuid != nullptr && get_uuid(uuid, device) == 0;
+  });
 }
 
 CUresult w_device_get_attribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {

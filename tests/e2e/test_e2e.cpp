@@ -2182,11 +2182,13 @@ class CorruptRegion : public E2E {
     auto& e = h_->devices[0];
     return e.buffer[e.generation.load() & 1];
   }
-  // The CLI answers a query within a second, with one line.
+  // The CLI answers a query promptly (a bounded read, not a wait: a few ms;
+  // 3 s leaves room for the sanitizer build on a loaded 2-core CI machine,
+  // where 1 s was exceeded by 50 ms), with one line.
   Result query_fails(long pid) {
     const auto t0 = std::chrono::steady_clock::now();
     Result q = run({kCli, "-p", std::to_string(pid)});
-    EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
     EXPECT_TRUE(FailedWithOneLine(q)) << q;
     return q;
   }

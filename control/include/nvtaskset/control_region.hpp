@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -152,6 +153,37 @@ inline ReadResult read_launch_view(const DeviceEntry& e, LaunchView& v) noexcept
     v.widened_hi = b.widened[1].load(std::memory_order_relaxed);
     v.widened_max_cluster = b.widened_max_cluster.load(std::memory_order_relaxed);
   });
+}
+
+// The entry whose partition applies on one GPU: that GPU's own entry, else
+// the "any device" entry, else none (unrestricted). `uuid_of(out)` fills in
+// the GPU's UUID and returns false when it cannot be told; it is called only
+// when some entry names a GPU. Lock-free and allocation-free: the launch
+// callback uses it (with the launching GPU), and so does the shim's SM-count
+// answer (with the queried one).
+inline bool is_any_device(const std::uint8_t (&u)[16]) noexcept {
+  std::uint8_t acc = 0;
+  for (std::uint8_t b : u) acc |= b;
+  return acc == 0;
+}
+template <class UuidOf>
+inline const DeviceEntry* entry_for_device(const Header& h, UuidOf&& uuid_of) noexcept {
+  const DeviceEntry* any = nullptr;
+  bool specific = false;
+  for (const DeviceEntry& e : h.devices) {
+    if (e.in_use.load(std::memory_order_acquire) == 0) continue;
+    if (is_any_device(e.uuid)) {
+      if (any == nullptr) any = &e;
+    } else {
+      specific = true;
+    }
+  }
+  if (!specific) return any;
+  std::uint8_t uuid[16];
+  if (!uuid_of(uuid)) return any;
+  for (const DeviceEntry& e : h.devices)
+    if (e.in_use.load(std::memory_order_acquire) != 0 && std::memcmp(e.uuid, uuid, 16) == 0) return &e;
+  return any;
 }
 
 // The old interface, for tests: true when the entry holds a partition.
