@@ -50,71 +50,13 @@
 #include <string>
 #include <vector>
 
-extern char** environ;
+#include "run_capture.hpp"
 
 namespace {
 
-volatile sig_atomic_t g_stop = 0;
-void on_signal(int) { g_stop = 1; }
-
-std::uint64_t mono_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-
-// Spawns argv (searched on PATH) in its own process group, stdout on a pipe,
-// stderr to err_fd; returns its exit status (128 + signal when killed by
-// one), 124 when it ran past timeout_s or we were interrupted (its group is
-// killed), -1 when it could not start. Reads until the child has exited, not
-// until end-of-file: an MPS daemon nvtaskset starts may inherit the pipe.
-int run_capture(const std::vector<std::string>& argv, int err_fd, double timeout_s, std::string* out) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return -1;
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-  posix_spawn_file_actions_adddup2(&fa, err_fd, 2);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  posix_spawnattr_setpgroup(&attr, 0);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK);
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = 0;
-  const int err = posix_spawnp(&pid, args[0], &fa, &attr, args.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  posix_spawnattr_destroy(&attr);
-  close(fds[1]);
-  if (err != 0) {
-    close(fds[0]);
-    return -1;
-  }
-  fcntl(fds[0], F_SETFL, O_NONBLOCK);
-  const std::uint64_t deadline = mono_ns() + static_cast<std::uint64_t>(timeout_s * 1e9);
-  int status = 0;
-  bool exited = false, killed = false;
-  char buf[4096];
-  while (!exited) {
-    pollfd p{fds[0], POLLIN, 0};
-    poll(&p, 1, 20);
-    for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) out->append(buf, static_cast<size_t>(n));
-    if (waitpid(pid, &status, WNOHANG) == pid) exited = true;
-    else if (!killed && (mono_ns() > deadline || g_stop)) {
-      killpg(pid, SIGKILL);
-      killed = true;
-    }
-  }
-  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) out->append(buf, static_cast<size_t>(n));
-  close(fds[0]);
-  if (killed) return 124;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
+using bench::g_stop;
+using bench::on_signal;
+using bench::run_capture;  // 124 when past the time limit or interrupted, -1 when it could not start
 
 // One run's "persistent ..." line.
 struct Sample {
