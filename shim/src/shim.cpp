@@ -616,6 +616,14 @@ void at_exit() {
   if (g_published.load(std::memory_order_relaxed)) ctl::withdraw_status(::getpid());
 }
 
+// This process's public status entry (status.hpp), withdrawn at exit.
+void publish_own_status(const std::vector<DevicePartition>& parts) {
+  if (const std::string why = ctl::publish_status(::getpid(), parts); !why.empty())
+    log(spdlog::level::debug, "no status entry: {}", why);
+  else
+    g_published.store(true, std::memory_order_relaxed);
+}
+
 // ---- a forked child's status entry -----------------------------------------------
 // A child forked without exec keeps the partition (its own region, below) but
 // has no status entry. The driver does not carry over a fork: a child uses the
@@ -631,12 +639,7 @@ int w_init(unsigned flags) {
     if (const ctl::Header* h = g_header.load(std::memory_order_acquire)) {
       try {
         const std::vector<DevicePartition> parts = ctl::read_all(*h);
-        if (any_active(parts)) {
-          if (const std::string why = ctl::publish_status(::getpid(), parts); !why.empty())
-            log(spdlog::level::debug, "no status entry: {}", why);
-          else
-            g_published.store(true, std::memory_order_relaxed);
-        }
+        if (any_active(parts)) publish_own_status(parts);
       } catch (const std::exception& e) {
         log(spdlog::level::debug, "no status entry: {}", e.what());
       }
@@ -804,12 +807,7 @@ void run_init() {
   // The public status entry (status.hpp), for `nvtaskset --status` and the
   // TPCs `-n` avoids. The CLI wrote one before it exec'd this task; this one
   // also covers processes that inherited the partition across fork()+exec().
-  if (active) {
-    if (const std::string why = ctl::publish_status(::getpid(), current); !why.empty())
-      log(spdlog::level::debug, "no status entry: {}", why);
-    else
-      g_published.store(true, std::memory_order_relaxed);
-  }
+  if (active) publish_own_status(current);
 
   // What the callback needs to tell devices apart (cuda.h: cuCtxGetDevice,
   // cuDeviceGetUuid_v2, else the older cuDeviceGetUuid with the same layout).

@@ -25,6 +25,20 @@ const ctl::DeviceEntry* entry_for(const ctl::Header& h, int device) noexcept {
   });
 }
 
+// The SMs of the partition that applies to `device`, 0 when none does (or it
+// cannot be read consistently).
+unsigned partition_sms(int device) noexcept {
+  auto* src = g_header.load(std::memory_order_acquire);
+  const ctl::Header* h = src != nullptr ? src->load(std::memory_order_acquire) : nullptr;
+  if (h == nullptr) return 0;
+  const ctl::DeviceEntry* e = entry_for(*h, device);
+  if (e == nullptr) return 0;
+  ctl::LaunchView v{};
+  if (ctl::read_launch_view(*e, v) != ctl::ReadResult::kOk) return 0;
+  const PhysicalTpcMask enabled{Bits128{v.enabled_lo, v.enabled_hi}};
+  return 2 * enabled.size();  // 2 SMs per TPC (bits.hpp)
+}
+
 CUresult w_device_get_attribute(int* pi, CUdevice_attribute attrib, CUdevice dev) {
   const GetAttributeFn real = g_real.load(std::memory_order_acquire);
   const CUresult rc = real(pi, attrib, dev);
@@ -53,18 +67,6 @@ void hand_out(void** pfn) noexcept {
   if (pfn == nullptr || *pfn == nullptr) return;
   const GetAttributeFn real = g_real.load(std::memory_order_acquire);
   if (real != nullptr && *pfn == reinterpret_cast<void*>(real)) *pfn = reinterpret_cast<void*>(&w_device_get_attribute);
-}
-
-unsigned partition_sms(int device) noexcept {
-  auto* src = g_header.load(std::memory_order_acquire);
-  const ctl::Header* h = src != nullptr ? src->load(std::memory_order_acquire) : nullptr;
-  if (h == nullptr) return 0;
-  const ctl::DeviceEntry* e = entry_for(*h, device);
-  if (e == nullptr) return 0;
-  ctl::LaunchView v{};
-  if (ctl::read_launch_view(*e, v) != ctl::ReadResult::kOk) return 0;
-  const PhysicalTpcMask enabled{Bits128{v.enabled_lo, v.enabled_hi}};
-  return 2 * enabled.size();  // 2 SMs per TPC (bits.hpp)
 }
 
 }  // namespace nvtaskset::sm_count

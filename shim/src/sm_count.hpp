@@ -42,8 +42,4 @@ void* wrap_export(const char* name, void* real) noexcept;
 // replaces it with the wrapper.
 void hand_out(void** pfn) noexcept;
 
-// The SMs of the partition that applies to `device`, 0 when none does (or it
-// cannot be read consistently). Exposed for the wrapper and tests.
-unsigned partition_sms(int device) noexcept;
-
 }  // namespace nvtaskset::sm_count
