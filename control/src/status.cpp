@@ -6,7 +6,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,7 +16,6 @@
 #include <map>
 #include <optional>
 #include <sstream>
-#include <thread>
 
 #include "nvtaskset/control_region.hpp"
 #include "nvtaskset/options.hpp"
@@ -27,7 +25,6 @@ namespace nvtaskset::ctl {
 namespace {
 
 constexpr const char* kPrefix = "nvtaskset-status.";
-constexpr const char* kLockName = "nvtaskset-status.lock";
 constexpr const char* kFormat = "nvtaskset-status 1";
 // An entry holds at most kMaxDevices partitions of ~150 bytes.
 constexpr off_t kMaxEntryBytes = 16384;
@@ -237,35 +234,6 @@ std::vector<StatusEntry> read_status() {
   std::vector<StatusEntry> out;
   for (auto& [pid, e] : by_pid) out.push_back(std::move(e));
   return out;
-}
-
-StatusLock::StatusLock(int timeout_ms) {
-  const std::string dir = status_dir();
-  if (!check_dir(dir).empty()) return;
-  const std::string path = dir + "/" + kLockName;
-  // Anyone may create the lock file; anyone may read it, which is all
-  // flock() needs. O_NOFOLLOW: a link planted there is not followed.
-  int fd = ::open(path.c_str(), O_RDONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK, 0444);
-  if (fd < 0) fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) return;
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return;
-  }
-  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    if (std::chrono::steady_clock::now() >= until) {
-      ::close(fd);
-      return;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  fd_ = fd;
-}
-
-StatusLock::~StatusLock() {
-  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace nvtaskset::ctl

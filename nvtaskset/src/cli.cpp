@@ -18,12 +18,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <chrono>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <optional>
+#include <random>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -388,8 +392,7 @@ struct Options {
 };
 
 // The sharing context of a launch or change: the public status of the other
-// tasks. `-n` and `--exclusive` choose and publish under the status lock, so
-// two of them at once never take the same TPCs.
+// tasks, as it was when the choice was made.
 Sharing sharing_for(const Options& o, std::set<pid_t> exclude) {
   Sharing sh;
   sh.status = ctl::read_status();
@@ -400,11 +403,94 @@ Sharing sharing_for(const Options& o, std::set<pid_t> exclude) {
   return sh;
 }
 
-bool wants_status_lock(const Options& o) {
-  if (o.exclusive) return true;
-  for (const Request& r : o.requests)
-    if (!r.count.empty()) return true;
-  return false;
+// What a launch or a change chose: a partition per GPU, to publish.
+struct Choice {
+  const topo::DeviceInfo* dev;
+  Partition partition;
+};
+
+// Choosing without a lock. Two launches choosing at once (`-n`, or
+// `--exclusive`) must not take the same TPCs unseen. A lock file would
+// serialise them, but in /dev/shm any user can create and hold it forever.
+// So a choice is optimistic: plan from a snapshot of the public status
+// (`sh`), publish the plan as the task's entry, read the status again. An
+// entry that is new since the snapshot (a task that appeared, or one that
+// changed) and shares a TPC or a GPC with the plan raced with it: take the
+// entry back, wait a random moment, and plan again from the status as it is
+// now, which shows the other choice. Each side reads again only once its own
+// entry is complete, so of two racing choices the later reader always sees
+// the other: two overlapping choices never both stand unseen. After
+// kClaimTries races in a row, --exclusive fails in one line; otherwise the
+// last plan stands and the sharing is said.
+constexpr int kClaimTries = 8;
+
+struct Claim {
+  std::function<std::vector<Choice>()> plan;  // (re)plans from `sh`; may throw Failure
+  std::function<void(const std::vector<Choice>&)> publish;
+  std::function<void()> take_back;  // restores the entries as they were
+};
+
+// Milliseconds to sleep before the first publish (tests widen the race with it).
+int claim_delay_ms() {
+  const char* v = option_value(Option::kClaimDelayMs);
+  if (v == nullptr) return 0;
+  char* end = nullptr;
+  const long ms = std::strtol(v, &end, 10);
+  return *end == '\0' && ms > 0 && ms <= 10000 ? static_cast<int>(ms) : 0;
+}
+
+// The entries in `fresh` that share TPCs or GPCs with `chosen`.
+Overlap raced_with(const std::vector<Choice>& chosen, const std::vector<ctl::StatusEntry>& fresh, const Sharing& sh,
+                   Devices& devices) {
+  Overlap all;
+  for (const Choice& c : chosen) {
+    const topo::Topology* t = devices.known_topology(*c.dev);
+    const std::vector<Holder> others = holders_on(fresh, *c.dev, t, sh.exclude);
+    LogicalTpcSet mine = c.partition.tpcs;
+    if (mine.empty() && t != nullptr && c.partition.active()) mine = topo::logical_of_physical(*t, c.partition.enabled);
+    const Overlap o = overlap_with(t, mine, others);
+    all.share_tpcs.insert(all.share_tpcs.end(), o.share_tpcs.begin(), o.share_tpcs.end());
+    all.share_gpcs.insert(all.share_gpcs.end(), o.share_gpcs.begin(), o.share_gpcs.end());
+  }
+  return all;
+}
+
+// Publishes `first` (planned from `sh`) and settles it as above; returns the
+// choice that stands. `warnings` is the plan's (replanning replaces it).
+std::vector<Choice> settle(Sharing& sh, Devices& devices, const Claim& c, std::vector<Choice> chosen,
+                           std::vector<std::string>* warnings) {
+  if (const int ms = claim_delay_ms()) std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  std::mt19937 rng(std::random_device{}());
+  for (int attempt = 1;; ++attempt) {
+    c.publish(chosen);
+    const Overlap raced = raced_with(chosen, changed_since(sh.status, ctl::read_status()), sh, devices);
+    if (raced.share_tpcs.empty() && raced.share_gpcs.empty()) return chosen;
+    auto pids = [](const std::vector<pid_t>& v) {
+      std::string out;
+      for (pid_t p : v) out += (out.empty() ? "" : ", ") + std::to_string(p);
+      return out;
+    };
+    spdlog::debug("choice {} raced with pid {} {}", attempt, pids(raced.share_tpcs), pids(raced.share_gpcs));
+    if (attempt == kClaimTries) {
+      if (sh.exclusive && !raced.share_tpcs.empty()) {
+        c.take_back();
+        throw Failure("pid " + pids(raced.share_tpcs) + " took the same TPCs at the same moment, " +
+                      std::to_string(kClaimTries) + " times in a row; --exclusive refuses to share them (try again)");
+      }
+      warnings->push_back("pid " + pids(raced.share_tpcs.empty() ? raced.share_gpcs : raced.share_tpcs) +
+                          " chose TPCs at the same moment, " + std::to_string(kClaimTries) +
+                          " times in a row: the tasks share " + (raced.share_tpcs.empty() ? "a GPC" : "TPCs") +
+                          " (see --status)");
+      return chosen;
+    }
+    c.take_back();
+    // Random, growing waits: two racers rarely meet twice.
+    std::uniform_int_distribution<int> wait_ms(1, 2 << attempt);
+    std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms(rng)));
+    sh.status = ctl::read_status();
+    warnings->clear();
+    chosen = c.plan();
+  }
 }
 
 // A CUDA driver named in LD_PRELOAD is loaded before anything else, so the
@@ -491,28 +577,22 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
                   " next to nvtaskset; set NVTASKSET_SHIM_DIR)");
   refuse_preloaded_driver(env);
   Devices devices(shim_copies(shim_dir), o.topology_file);
-  // Held until exec (the descriptor is close-on-exec), after the entry below
-  // is published.
-  std::optional<ctl::StatusLock> lock;
-  if (wants_status_lock(o)) {
-    lock.emplace();
-    if (!lock->acquired())
-      throw Failure("cannot lock " + ctl::status_dir() + "/nvtaskset-status.lock to choose TPCs others do not hold");
-  }
-  const Sharing sh = sharing_for(o, {::getpid()});
-
   if (requests.size() > ctl::kMaxDevices)
     throw Failure("at most " + std::to_string(ctl::kMaxDevices) + " GPUs can be partitioned per task");
-  std::vector<DevicePartition> parts;
+  Sharing sh = sharing_for(o, {::getpid()});
   std::vector<std::string> warnings;  // printed once every check passed
-  for (const Request& r : requests) {
-    if (r.kind == SpecKind::kNone) throw Failure("-d " + r.device + " has no TPC or GPC list");
-    const topo::DeviceInfo& dev = devices.select(r.device);
-    for (const auto& prev : parts)
-      if (prev.device == dev.uuid) throw Failure("two partitions given for " + device_label(dev));
-    parts.push_back({dev.uuid, build_partition(r, dev, devices, &warnings, sh), describe_device(dev)});
-  }
-
+  auto plan = [&] {
+    std::vector<Choice> chosen;
+    for (const Request& r : requests) {
+      if (r.kind == SpecKind::kNone) throw Failure("-d " + r.device + " has no TPC or GPC list");
+      const topo::DeviceInfo& dev = devices.select(r.device);
+      for (const Choice& prev : chosen)
+        if (prev.dev->uuid == dev.uuid) throw Failure("two partitions given for " + device_label(dev));
+      chosen.push_back({&dev, build_partition(r, dev, devices, &warnings, sh)});
+    }
+    return chosen;
+  };
+  std::vector<Choice> chosen = plan();
   devices.restore_environment();
   if (!o.no_mps) {
     scrub_shim_environment(shim_dir);
@@ -522,8 +602,19 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
   }
   // The public entry, before exec (which keeps the PID and start time): the
   // next `-n` must see these TPCs taken even before the task loads CUDA.
-  if (const std::string why = ctl::publish_status(::getpid(), parts); !why.empty())
-    spdlog::debug("no status entry: {}", why);
+  auto entry = [](const std::vector<Choice>& c) {
+    std::vector<DevicePartition> parts;
+    for (const Choice& x : c) parts.push_back({x.dev->uuid, x.partition, describe_device(*x.dev)});
+    return parts;
+  };
+  const Claim claim{plan,
+                    [&](const std::vector<Choice>& c) {
+                      if (const std::string why = ctl::publish_status(::getpid(), entry(c)); !why.empty())
+                        spdlog::debug("no status entry: {}", why);
+                    },
+                    [] { ctl::withdraw_status(::getpid()); }};
+  chosen = settle(sh, devices, claim, std::move(chosen), &warnings);
+  const std::vector<DevicePartition> parts = entry(chosen);
   // Warnings only once nothing can refuse the launch any more: a refusal
   // stays one line.
   for (const std::string& w : warnings) spdlog::warn("{}", w);
@@ -796,12 +887,6 @@ int do_pid(const Options& o) {
       }
     }
   }
-  std::optional<ctl::StatusLock> lock;
-  if (!query && wants_status_lock(o)) {
-    lock.emplace();
-    if (!lock->acquired())
-      throw Failure("cannot lock " + ctl::status_dir() + "/nvtaskset-status.lock to choose TPCs others do not hold");
-  }
   // The task's own family (the processes it started, those that started it)
   // runs one job: their partitions are not "other" ones to avoid or warn
   // about (a PyTorch program's compile workers inherit its partition).
@@ -816,8 +901,48 @@ int do_pid(const Options& o) {
   // Every task and every request is checked before anything is written: a
   // change is all or nothing.
   std::vector<TaskPlan> plans;
-  for (auto& [p, region] : family)
-    plans.push_back(plan_task(o, p, std::move(region), requests, devices, sh, plans.empty() ? nullptr : &plans[0]));
+  auto plan = [&] {
+    std::vector<std::unique_ptr<ctl::Region>> regions;
+    if (plans.empty()) {
+      for (auto& member : family) regions.push_back(std::move(member.second));
+    } else {
+      for (TaskPlan& p : plans) regions.push_back(std::move(p.region));
+    }
+    plans.clear();
+    for (std::size_t i = 0; i < family.size(); ++i)
+      plans.push_back(plan_task(o, family[i].first, std::move(regions[i]), requests, devices, sh,
+                                plans.empty() ? nullptr : &plans[0]));
+    std::vector<Choice> chosen;
+    for (const TaskPlan& p : plans)
+      for (const Step& st : p.steps)
+        if (st.change) chosen.push_back({st.dev, st.next});
+    return chosen;
+  };
+  std::vector<Choice> chosen = plan();
+  // A task's entry as it is, and as the planned change makes it.
+  auto republish = [&](const TaskPlan& p, bool planned) {
+    std::vector<DevicePartition> parts = p.region->read_all();
+    for (const Step& st : p.steps) {
+      if (!planned || !st.change) continue;
+      const DevicePartition next{st.dev->uuid, st.next, describe_device(*st.dev)};
+      auto it = std::find_if(parts.begin(), parts.end(), [&](const DevicePartition& d) { return d.device == next.device; });
+      if (it != parts.end()) *it = next;
+      else parts.push_back(next);
+    }
+    if (const std::string why = ctl::publish_status(p.pid, parts); !why.empty())
+      spdlog::debug("pid {}: no status entry: {}", p.pid, why);
+  };
+  std::vector<std::string> raced;  // said when choices kept racing
+  if (!query) {
+    const Claim claim{plan,
+                      [&](const std::vector<Choice>&) {
+                        for (const TaskPlan& p : plans) republish(p, true);
+                      },
+                      [&] {
+                        for (const TaskPlan& p : plans) republish(p, false);
+                      }};
+    chosen = settle(sh, devices, claim, std::move(chosen), &raced);
+  }
 
   if (o.json) {
     if (!o.all_tasks) {
@@ -831,7 +956,15 @@ int do_pid(const Options& o) {
   }
   for (const TaskPlan& p : plans)
     for (const std::string& w : p.warnings) spdlog::warn("{}", w);
-  for (const TaskPlan& p : plans) carry_out(p, query, devices);
+  for (const std::string& w : raced) spdlog::warn("{}", w);
+  try {
+    for (const TaskPlan& p : plans) carry_out(p, query, devices);
+  } catch (...) {
+    // The entries say what the regions hold, whatever was written.
+    if (!query)
+      for (const TaskPlan& p : plans) republish(p, false);
+    throw;
+  }
   return 0;
 }
 

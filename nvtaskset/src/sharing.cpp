@@ -74,6 +74,20 @@ LogicalTpcSet held_by(const std::vector<Holder>& holders) {
   return s;
 }
 
+std::vector<ctl::StatusEntry> changed_since(const std::vector<ctl::StatusEntry>& before,
+                                            const std::vector<ctl::StatusEntry>& after) {
+  std::map<pid_t, const ctl::StatusEntry*> old;
+  for (const auto& e : before) old[e.pid] = &e;
+  std::vector<ctl::StatusEntry> out;
+  for (const auto& e : after) {
+    const auto it = old.find(e.pid);
+    const bool same = it != old.end() && it->second->start_time == e.start_time && it->second->uid == e.uid &&
+                      encode_partitions(it->second->partitions) == encode_partitions(e.partitions);
+    if (!same) out.push_back(e);
+  }
+  return out;
+}
+
 Overlap overlap_with(const topo::Topology* t, const LogicalTpcSet& mine, const std::vector<Holder>& others) {
   Overlap o;
   const bool gpcs = t != nullptr && t->gpcs_known();

@@ -1314,7 +1314,7 @@ std::string hopper_topology_json(const std::string& uuid = kStandInUuid, const s
 }
 
 // The 128-bit disable mask the TMD must get when `tpcs` are enabled.
-std::string hopper_disable(std::initializer_list<unsigned> tpcs) {
+std::string hopper_disable(const std::vector<unsigned>& tpcs) {
   std::uint64_t lo = 0, hi = 0;
   for (unsigned k : tpcs) (kBits[k] < 64 ? lo : hi) |= std::uint64_t{1} << (kBits[k] % 64);
   return disable128(hi, lo);
@@ -2620,8 +2620,7 @@ TEST_F(Sharing, StatusListsEveryTaskOfEveryUserWithCountersForTheOwner) {
   EXPECT_EQ(nlohmann::json::parse(st.out)["tasks"].size(), 0u) << st.out;
   std::size_t left = 0;
   for (const auto& f : fs::directory_iterator(path("status")))
-    left += f.path().filename().string().starts_with("nvtaskset-status.") &&
-            f.path().filename().string() != "nvtaskset-status.lock";
+    left += f.path().filename().string().starts_with("nvtaskset-status.");
   EXPECT_EQ(left, 0u);
 }
 
@@ -2677,6 +2676,129 @@ TEST_F(Sharing, AllTasksMovesTheTaskAndItsChildren) {
   // Without -a only the task moves.
   EXPECT_EQ(run({kCli, "-p", std::to_string(child)}).out, pid_line(child, "current TPC list", "6"));
   EXPECT_TRUE(FailedWithOneLine(run({kCli, "-a", "-t", "1", "true"})));
+  stop_all();
+}
+
+// Launches that choose at the same moment never end up sharing TPCs unseen,
+// and no lock serialises them (a lock in /dev/shm is one any user could hold
+// forever). Each one publishes its choice, reads the status again and, when
+// an entry that appeared meanwhile shares its TPCs or GPCs, takes its entry
+// back and chooses again. NVTASKSET_CLAIM_DELAY_MS holds every launch between
+// its snapshot and its first publish, so they all first choose from the same
+// empty status: the same TPCs.
+class Racing : public Sharing {
+ protected:
+  struct Outcome {
+    Proc* proc;
+    long pid;  // -1: did not start
+  };
+  std::vector<Outcome> launch_together(const std::vector<std::string>& options, int n) {
+    Env env = env_;
+    env["NVTASKSET_CLAIM_DELAY_MS"] = "300";
+    std::vector<Outcome> out;
+    for (int i = 0; i < n; ++i) {
+      std::vector<std::string> argv{kCli, "--no-mps"};
+      argv.insert(argv.end(), options.begin(), options.end());
+      argv.insert(argv.end(), {kLauncher, "--until-file", path("until"), "--interval-ms", "5", "--ready-file",
+                               path("ready.r" + std::to_string(i))});
+      out.push_back({&start(argv, env), -1});
+    }
+    for (int i = 0; i < n; ++i) {
+      out[i].pid = wait_ready(path("ready.r" + std::to_string(i)), *out[i].proc);
+      if (out[i].pid > 0) tasks_.push_back(out[i].proc);
+    }
+    return out;
+  }
+  // "0,2,4-6" -> {0, 2, 4, 5, 6}, as --status writes lists.
+  static std::vector<unsigned> expand(const std::string& list) {
+    std::vector<unsigned> out;
+    std::istringstream in(list);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+      const auto dash = item.find('-');
+      const unsigned lo = static_cast<unsigned>(std::stoul(item.substr(0, dash)));
+      const unsigned hi = dash == std::string::npos ? lo : static_cast<unsigned>(std::stoul(item.substr(dash + 1)));
+      for (unsigned k = lo; k <= hi; ++k) out.push_back(k);
+    }
+    return out;
+  }
+  // TPCs each started task is listed with, checked against the mask its
+  // kernels get.
+  std::map<long, std::vector<unsigned>> listed_and_applied(const std::vector<Outcome>& started) {
+    const Result st = run({kCli, "--status", "--json"});
+    EXPECT_TRUE(ExitedWith(st, 0)) << st;
+    std::map<long, std::vector<unsigned>> out;
+    const auto j = nlohmann::json::parse(st.out);
+    for (const auto& t : j["tasks"]) out[t["pid"].get<long>()] = expand(t["tpcs"].get<std::string>());
+    for (const Outcome& o : started) {
+      if (o.pid < 0) continue;
+      EXPECT_TRUE(out.count(o.pid)) << o.pid << " is not listed: " << st.out;
+      EXPECT_EQ(mask_of(o.pid), hopper_disable(out[o.pid])) << o.pid;
+    }
+    return out;
+  }
+};
+
+TEST_F(Racing, ExclusiveChoicesAtTheSameMomentAreDisjointOrRefused) {
+  const auto outcomes = launch_together({"--exclusive", "-n", "2"}, 4);
+  int started = 0;
+  for (const Outcome& o : outcomes) {
+    if (o.pid > 0) {
+      ++started;
+      continue;
+    }
+    // Refused: one line, no kernel.
+    EXPECT_TRUE(FailedWithOneLine(o.proc->wait())) << o.proc->result;
+  }
+  EXPECT_GE(started, 1);
+  const auto tpcs = listed_and_applied(outcomes);
+  std::set<unsigned> seen;
+  for (const Outcome& o : outcomes) {
+    if (o.pid < 0) continue;
+    for (unsigned k : tpcs.at(o.pid)) EXPECT_TRUE(seen.insert(k).second) << "TPC " << k << " taken twice";
+  }
+  stop_all();
+}
+
+TEST_F(Racing, CountChoicesAtTheSameMomentShareTpcsOnlyWhenTheySaySo) {
+  const auto outcomes = launch_together({"-n", "2"}, 3);
+  for (const Outcome& o : outcomes) ASSERT_GT(o.pid, 0) << o.proc->err();
+  const auto tpcs = listed_and_applied(outcomes);
+  for (std::size_t i = 0; i < outcomes.size(); ++i)
+    for (std::size_t j = 0; j < outcomes.size(); ++j) {
+      if (i == j) continue;
+      const auto& a = tpcs.at(outcomes[i].pid);
+      const auto& b = tpcs.at(outcomes[j].pid);
+      std::vector<unsigned> common;
+      std::set_intersection(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(common));
+      if (common.empty()) continue;
+      // 8 TPCs hold three pairs: sharing is only ever the last resort, and said.
+      const std::string said = outcomes[i].proc->err() + outcomes[j].proc->err();
+      EXPECT_NE(said.find("share"), std::string::npos) << outcomes[i].pid << " and " << outcomes[j].pid;
+    }
+  stop_all();
+}
+
+// Another user's files in the status directory block no one: a lock held on
+// the name an older nvtaskset locked, a FIFO and a directory named like
+// entries.
+TEST_F(Sharing, AnotherUsersFilesInTheStatusDirectoryBlockNoChoice) {
+  const auto other = second_user();
+  if (!other) GTEST_SKIP() << "needs root to create a second Unix user (CI runs as root)";
+  const std::string dir = path("status");
+  Proc& squatter = start(as_user(*other, {"sh", "-c",
+                                          "mkfifo " + dir + "/nvtaskset-status.1.0000000000000001 && mkdir " + dir +
+                                              "/nvtaskset-status.2.0000000000000002 && exec flock " + dir +
+                                              "/nvtaskset-status.lock sleep 30"}));
+  ASSERT_TRUE(wait_until([&] { return exists(dir + "/nvtaskset-status.lock"); })) << squatter.err();
+  const auto t0 = std::chrono::steady_clock::now();
+  const long a = start_task({"--exclusive", "-n", "4"}, "a");
+  ASSERT_GT(a, 0);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 2s);
+  EXPECT_EQ(mask_of(a), hopper_disable({0, 2, 4, 6}));
+  EXPECT_TRUE(ExitedWith(run({kCli, "-p", "--exclusive", "-n", "3", std::to_string(a)}), 0));
+  ::kill(-squatter.pid, SIGKILL);
+  squatter.wait();
   stop_all();
 }
 

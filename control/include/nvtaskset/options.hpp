@@ -27,6 +27,7 @@ enum class Option : unsigned {
   kStatusDir,        // NVTASKSET_STATUS_DIR (tests)
   kMpsOtherUser,     // NVTASKSET_MPS_OTHER_USER
   kSmCount,          // NVTASKSET_SM_COUNT
+  kClaimDelayMs,     // NVTASKSET_CLAIM_DELAY_MS (tests)
 };
 
 enum class OptionKind { kChoice, kPath, kInternal };
@@ -69,6 +70,8 @@ inline constexpr OptionDesc kOptions[] = {
     {Option::kSmCount, "NVTASKSET_SM_COUNT", OptionKind::kChoice, "device|partition", true,
      "what cuDeviceGetAttribute(MULTIPROCESSOR_COUNT) tells the task: the GPU's SMs, or its partition's "
      "(same as --partition-sm-count)"},
+    {Option::kClaimDelayMs, "NVTASKSET_CLAIM_DELAY_MS", OptionKind::kInternal, "", false,
+     "milliseconds between reading the status and publishing a choice, so that tests can make choices race (tests)"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }

@@ -51,20 +51,4 @@ void withdraw_status(pid_t pid);
 // ended tasks are removed where the caller may.
 std::vector<StatusEntry> read_status();
 
-// Serialises the public summary for a short critical section (choose, then
-// publish): `-n --exclusive` of two launches at once must not both take the
-// same TPCs. Released by the destructor; `acquired()` is false when the lock
-// could not be had within `timeout_ms` (e.g. another user holds it).
-class StatusLock {
- public:
-  explicit StatusLock(int timeout_ms = 3000);
-  ~StatusLock();
-  StatusLock(const StatusLock&) = delete;
-  StatusLock& operator=(const StatusLock&) = delete;
-  bool acquired() const { return fd_ >= 0; }
-
- private:
-  int fd_ = -1;
-};
-
 }  // namespace nvtaskset::ctl

@@ -30,6 +30,11 @@ std::vector<Holder> holders_on(const std::vector<ctl::StatusEntry>& status, cons
 
 LogicalTpcSet held_by(const std::vector<Holder>& holders);
 
+// The entries of `after` that `before` does not have as they are: tasks that
+// appeared, and tasks whose partitions changed (or whose PID was reused).
+std::vector<ctl::StatusEntry> changed_since(const std::vector<ctl::StatusEntry>& before,
+                                            const std::vector<ctl::StatusEntry>& after);
+
 // How `mine` relates to the others: "" when it shares neither TPCs nor GPCs
 // with any; else one line naming the first PID it shares TPCs with, or
 // (without `t`'s GPCs, TPCs only) the GPCs it shares.
