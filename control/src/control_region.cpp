@@ -385,6 +385,9 @@ const DevicePartition* applied_to(const std::vector<DevicePartition>& parts, con
 std::string cannot_apply(const Header& h) {
   if (h.callback_registered.load(std::memory_order_acquire) == 0)
     return "its shim could not hook kernel launches";
+  if (h.partition_unseen.load(std::memory_order_relaxed) != 0)
+    return "it sees none of the GPUs its partition is for (CUDA_VISIBLE_DEVICES changed after nvtaskset chose "
+           "the GPU; NVTASKSET_ON_UNSUPPORTED=warn)";
   if (const std::uint64_t n = h.kernels_unmasked.load(std::memory_order_relaxed))
     return std::to_string(n) + " of its kernels ran on all TPCs (" +
            (h.kernels_unsupported.load(std::memory_order_relaxed) != 0

@@ -631,10 +631,73 @@ void publish_own_status(const std::vector<DevicePartition>& parts) {
 // children that never touch the GPU (data-loader workers) are not listed.
 using InitFn = int (*)(unsigned flags);
 std::atomic<InitFn> g_real_init{nullptr};
+
+// ---- a partition for GPUs the process cannot see --------------------------------
+// Partitions name GPUs by UUID, resolved by the CLI with its own
+// CUDA_VISIBLE_DEVICES. A process that sees none of them (a wrapper or the
+// program itself changed CUDA_VISIBLE_DEVICES; a launcher that gives each
+// worker its own GPU) would launch every kernel unmasked while nvtaskset
+// reports a partition. The driver fixes what a process sees at cuInit, so
+// that is where it is checked, once, never in the launch callback.
+using DeviceGetCountFn = int (*)(int*);
+using DeviceGetFn = int (*)(int*, int);
+std::atomic<bool> g_visibility_checked{false};  // reset in a fork child
 std::atomic<bool> g_publish_at_init{false};
+
+[[gnu::cold]] void check_partitioned_gpus_visible() {
+  ctl::Header* h = g_header.load(std::memory_order_acquire);
+  if (h == nullptr) return;
+  std::vector<DevicePartition> parts;
+  try {
+    parts = ctl::read_all(*h);
+  } catch (const std::exception&) {
+    return;  // a corrupt region: the callback's own fallbacks apply
+  }
+  std::vector<DeviceUuid> wanted;
+  for (const DevicePartition& dp : parts) {
+    if (!dp.partition.active()) continue;
+    if (dp.device == kAnyDevice) return;  // applies on every GPU
+    wanted.push_back(dp.device);
+  }
+  if (wanted.empty()) return;
+  const auto count_fn = reinterpret_cast<DeviceGetCountFn>(::dlsym(g_real, "cuDeviceGetCount"));
+  const auto get_fn = reinterpret_cast<DeviceGetFn>(::dlsym(g_real, "cuDeviceGet"));
+  const DeviceGetUuidFn uuid_fn = g_device_get_uuid.load(std::memory_order_acquire);
+  int n = 0;
+  if (count_fn == nullptr || get_fn == nullptr || uuid_fn == nullptr || count_fn(&n) != 0) return;
+  for (int i = 0; i < n; ++i) {
+    int dev = 0;
+    std::uint8_t uuid[16];
+    if (get_fn(&dev, i) != 0 || uuid_fn(uuid, dev) != 0) continue;
+    for (const DeviceUuid& w : wanted)
+      if (std::memcmp(w.data(), uuid, 16) == 0) {
+        h->partition_unseen.store(0, std::memory_order_relaxed);
+        return;
+      }
+  }
+  h->partition_unseen.store(1, std::memory_order_relaxed);
+  std::string gpus;
+  for (const DeviceUuid& w : wanted) gpus += (gpus.empty() ? "" : ", ") + uuid_to_string(w);
+  const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES");
+  const std::string seen = std::to_string(n) + " GPU" + (n == 1 ? "" : "s") +
+                           (cvd ? std::string(", CUDA_VISIBLE_DEVICES=") + cvd : std::string());
+  if (!g_warn_unsupported.load(std::memory_order_relaxed)) {
+    log(spdlog::level::err, "the partition is for {}, which this process does not see ({}): its kernels would run "
+        "on all TPCs; stopping (give each GPU it may use a partition with -d, or set {}=warn to run unpartitioned)",
+        gpus, seen, option(Option::kOnUnsupported).name);
+    std::abort();
+  }
+  log(spdlog::level::warn, "the partition is for {}, which this process does not see ({}): its kernels run on all "
+      "TPCs ({}=warn)", gpus, seen, option(Option::kOnUnsupported).name);
+  // It holds none of those TPCs: no entry says it does.
+  g_publish_at_init.store(false, std::memory_order_relaxed);
+  ctl::withdraw_status(::getpid());
+  g_published.store(false, std::memory_order_relaxed);
+}
 
 int w_init(unsigned flags) {
   const int rc = g_real_init.load(std::memory_order_acquire)(flags);
+  if (rc == 0 && !g_visibility_checked.exchange(true, std::memory_order_acq_rel)) check_partitioned_gpus_visible();
   if (rc == 0 && g_publish_at_init.exchange(false, std::memory_order_acq_rel)) {
     if (const ctl::Header* h = g_header.load(std::memory_order_acquire)) {
       try {
@@ -679,6 +742,7 @@ void atfork_child() {
   // The parent's entry is the parent's; this process gets its own at cuInit.
   g_published.store(false, std::memory_order_relaxed);
   g_publish_at_init.store(any_active(parts), std::memory_order_relaxed);
+  g_visibility_checked.store(false, std::memory_order_relaxed);
   try {
     auto region = ctl::Region::create_for_self(parts);
     region->header().callback_registered.store(registered, std::memory_order_relaxed);

@@ -1178,6 +1178,77 @@ TEST_F(E2E, UnknownTmdLayoutWithWarnRunsUnmasked) {
   }
 }
 
+// A partition names its GPU by UUID. A task that changed CUDA_VISIBLE_DEVICES
+// (a wrapper, or a launcher giving each worker its own GPU) may see none of
+// its partitioned GPUs: stopped at cuInit in one line, never run unmasked
+// while nvtaskset reports a partition. The stand-in applies
+// CUDA_VISIBLE_DEVICES at cuInit as the driver does (tests/fakecuda).
+TEST_F(E2E, ATaskThatSeesNoneOfItsPartitionedGpusIsStopped) {
+  env_["FAKECUDA_DEVICES"] = "2";
+  env_["FAKECUDA_INITIAL_MASK"] = "0x5";
+  const Result r =
+      run({kCli, "--no-mps", "-t", "0-1", "env", "CUDA_VISIBLE_DEVICES=1", kLauncher, "--kernels", "3"});
+  EXPECT_FALSE(r.timed_out) << r;
+  EXPECT_EQ(r.signal, SIGABRT) << r;
+  ASSERT_EQ(lines_of(r.err).size(), 1u) << r;
+  EXPECT_NE(r.err.find("the partition is for GPU-fa4ecda0-0000-4000-8000-000000000000, which this process does "
+                       "not see (1 GPU, CUDA_VISIBLE_DEVICES=1)"),
+            std::string::npos)
+      << r;
+  EXPECT_TRUE(records().empty()) << "a kernel ran unmasked";
+}
+
+TEST_F(E2E, APartitionFollowsItsGpuWhateverOrdinalTheTaskGivesIt) {
+  env_["FAKECUDA_DEVICES"] = "2";
+  env_["FAKECUDA_INITIAL_MASK"] = "0x5";
+  // -d 1: the task's only GPU, its device 0, is that GPU.
+  Result r = run({kCli, "--no-mps", "-d", "1", "-t", "0-1", "env", "CUDA_VISIBLE_DEVICES=1", kLauncher, "--kernels",
+                  "1"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  auto recs = records();
+  ASSERT_EQ(recs.size(), 1u);
+  EXPECT_EQ(recs[0].mask, disable64(0x3)) << recs[0];
+  // Reordered: GPU 0 is the task's device 1, partitioned; its device 0 (GPU 1)
+  // has no partition and is unrestricted, as documented.
+  r = run({kCli, "--no-mps", "-t", "0-1", "env", "CUDA_VISIBLE_DEVICES=1,0", kLauncher, "--device", "1", "--kernels",
+           "1"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_TRUE(r.err.empty()) << r;
+  r = run({kCli, "--no-mps", "-t", "0-1", "env", "CUDA_VISIBLE_DEVICES=1,0", kLauncher, "--device", "0", "--kernels",
+           "1"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  recs = records();
+  ASSERT_EQ(recs.size(), 3u);
+  EXPECT_EQ(recs[1].mask, disable64(0x3)) << recs[1];
+  EXPECT_EQ(recs[2].mask, "0x5") << recs[2];
+}
+
+TEST_F(E2E, ATaskThatSeesNoneOfItsGpusRunsUnmaskedOnlyWhenToldAndSaysSo) {
+  env_["FAKECUDA_DEVICES"] = "2";
+  env_["FAKECUDA_INITIAL_MASK"] = "0x5";
+  env_["NVTASKSET_ON_UNSUPPORTED"] = "warn";
+  Proc& p = start({kCli, "--no-mps", "-t", "0-1", "env", "CUDA_VISIBLE_DEVICES=1", kLauncher, "--until-file",
+                   path("until"), "--interval-ms", "5", "--ready-file", path("ready")});
+  const long pid = wait_ready(path("ready"), p);
+  ASSERT_GT(pid, 0) << p.err();
+  // -p neither reports nor changes a partition that does not apply.
+  for (const std::vector<std::string>& argv :
+       {std::vector<std::string>{kCli, "-p", std::to_string(pid)}, {kCli, "-p", "-t", "2", std::to_string(pid)}}) {
+    const Result q = run(argv);
+    EXPECT_TRUE(FailedWithOneLine(q)) << q;
+    EXPECT_NE(q.err.find("runs on all TPCs: it sees none of the GPUs its partition is for"), std::string::npos) << q;
+  }
+  // --status does not list TPCs it does not hold.
+  const Result st = run({kCli, "--status", "--json"});
+  EXPECT_EQ(nlohmann::json::parse(st.out)["tasks"].size(), 0u) << st.out;
+  touch(path("until"));
+  const Result r = p.wait();
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  ASSERT_EQ(lines_of(r.err).size(), 1u) << r;
+  EXPECT_NE(r.err.find("its kernels run on all TPCs (NVTASKSET_ON_UNSUPPORTED=warn)"), std::string::npos) << r;
+  for (const auto& rec : records()) EXPECT_EQ(rec.mask, "0x5") << rec;
+}
+
 // --- 11: environment and exit status ------------------------------------------------------
 
 TEST_F(E2E, EnvironmentOfTheTask) {

@@ -33,6 +33,12 @@
 //   FAKECUDA_INIT_LOG      file; each cuInit appends "init <comm>" (the
 //                          calling program's name), so tests can tell
 //                          whether the CLI itself initialised the driver
+// CUDA_VISIBLE_DEVICES is read at the first cuInit, as the driver does
+// (CUDA C Programming Guide, "CUDA Environment Variables"): a comma-separated
+// list of device indices or full UUIDs selects and orders the devices the
+// process sees, ordinal k being the k-th device listed; the list ends at the
+// first entry that names no device, and an empty value hides every device.
+// A device keeps its UUID and PCI bus id whatever its ordinal.
 // The layout field gets a trailing '!' when a callback changed any TMD byte
 // outside the mask field and its valid bit: a shim writing at the wrong
 // offsets must not go unnoticed.
@@ -232,11 +238,47 @@ const Config& config() {
 
 std::atomic<bool> g_initialized{false};
 
+// The physical device behind each ordinal (CUDA_VISIBLE_DEVICES), fixed
+// before g_initialized is set.
+std::vector<int> g_visible;
+std::once_flag g_visible_once;
+
+std::string uuid_text(int physical) {
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "GPU-fa4ecda0-0000-4000-8000-0000000000%02x", physical);
+  return buf;
+}
+
+void read_visible_devices() {
+  const int n = config().devices;
+  const char* v = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (v == nullptr) {
+    for (int i = 0; i < n; ++i) g_visible.push_back(i);
+    return;
+  }
+  std::string_view rest = v;
+  while (!rest.empty()) {
+    const std::size_t comma = rest.find(',');
+    const std::string item(rest.substr(0, comma));
+    int found = -1;
+    for (int i = 0; i < n; ++i) {
+      if (item == std::to_string(i) || item == uuid_text(i)) found = i;
+    }
+    bool seen = false;
+    for (int d : g_visible) seen = seen || d == found;
+    if (found < 0 || seen) break;
+    g_visible.push_back(found);
+    rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+  }
+}
+
 CUresult check_device(CUdevice dev) {
   if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
-  if (dev < 0 || dev >= config().devices) return CUDA_ERROR_INVALID_DEVICE;
+  if (dev < 0 || dev >= static_cast<int>(g_visible.size())) return CUDA_ERROR_INVALID_DEVICE;
   return CUDA_SUCCESS;
 }
+
+int physical(CUdevice dev) { return g_visible[static_cast<std::size_t>(dev)]; }
 
 // --- contexts -----------------------------------------------------------------
 // One primary context per device. A thread with no current context launches
@@ -720,6 +762,7 @@ CUresult CUDAAPI cuInit(unsigned int flags) {
       ::close(fd);
     }
   }
+  std::call_once(g_visible_once, read_visible_devices);
   g_initialized.store(true, std::memory_order_release);
   return CUDA_SUCCESS;
 }
@@ -733,7 +776,7 @@ CUresult CUDAAPI cuDriverGetVersion(int* version) {
 CUresult CUDAAPI cuDeviceGetCount(int* count) {
   if (!count) return CUDA_ERROR_INVALID_VALUE;
   if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
-  *count = config().devices;
+  *count = static_cast<int>(g_visible.size());
   return CUDA_SUCCESS;
 }
 
@@ -759,7 +802,7 @@ CUresult CUDAAPI cuDeviceGetAttribute(int* pi, CUdevice_attribute attrib, CUdevi
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *pi = static_cast<int>(c.sm_count); break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = c.cc_major; break;
     case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *pi = c.cc_minor; break;
-    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = 0x10 + dev; break;
+    case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = 0x10 + physical(dev); break;
     case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *pi = 0; break;
     case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *pi = 0; break;
     case CU_DEVICE_ATTRIBUTE_WARP_SIZE: *pi = 32; break;
@@ -791,7 +834,7 @@ CUresult CUDAAPI cuDeviceGetUuid_v2(CUuuid* uuid, CUdevice dev) {
   if (!uuid) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = check_device(dev)) return r;
   const unsigned char bytes[16] = {0xfa, 0x4e, 0xcd, 0xa0, 0x00, 0x00, 0x40, 0x00,
-                                   0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, static_cast<unsigned char>(dev)};
+                                   0x80, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, static_cast<unsigned char>(physical(dev))};
   std::memcpy(uuid->bytes, bytes, 16);
   return CUDA_SUCCESS;
 }
@@ -801,7 +844,7 @@ CUresult CUDAAPI cuDeviceGetUuid(CUuuid* uuid, CUdevice dev) { return cuDeviceGe
 CUresult CUDAAPI cuDeviceGetPCIBusId(char* bus_id, int len, CUdevice dev) {
   if (!bus_id || len <= 0) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = check_device(dev)) return r;
-  std::snprintf(bus_id, static_cast<std::size_t>(len), "0000:%02x:00.0", 0x10 + dev);
+  std::snprintf(bus_id, static_cast<std::size_t>(len), "0000:%02x:00.0", 0x10 + physical(dev));
   return CUDA_SUCCESS;
 }
 

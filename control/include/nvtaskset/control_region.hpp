@@ -71,7 +71,10 @@ struct Header {
   std::int32_t pid;
   std::uint64_t start_time;  // /proc/<pid>/stat field 22, detects PID reuse
   std::uint32_t uid;
-  std::uint32_t reserved;
+  // Set by the shim at cuInit when the process sees none of the GPUs its
+  // partitions are for (CUDA_VISIBLE_DEVICES changed after nvtaskset chose
+  // the GPU): its kernels run on all TPCs. Was a reserved word (always 0).
+  std::atomic<std::uint32_t> partition_unseen;
   // Bumped by every write, after the new partition is published. A CUDA
   // graph exec whose kernels were encoded at an older epoch is re-encoded
   // before its next launch (shim/src/graphs.cpp).

@@ -45,7 +45,8 @@ inline constexpr OptionDesc kOptions[] = {
     {Option::kLog, "NVTASKSET_LOG", OptionKind::kChoice, "warn|trace|debug|info|error|off", true,
      "log level, any case (at debug the shim logs the cluster sizes a task launched)"},
     {Option::kOnUnsupported, "NVTASKSET_ON_UNSUPPORTED", OptionKind::kChoice, "abort|warn", true,
-     "a partitioned task on a GPU whose TMD layout nvtaskset does not know: stop it, or run it unmasked"},
+     "a partitioned task on a GPU whose TMD layout nvtaskset does not know, or that sees none of the GPUs its "
+     "partition is for: stop it, or run it unmasked"},
     {Option::kOnClusterMisfit, "NVTASKSET_ON_CLUSTER_MISFIT", OptionKind::kChoice, "abort|widen", true,
      "a kernel whose clusters the partition cannot host: stop the task, or run that kernel on the "
      "partition's whole GPCs"},
