@@ -11,7 +11,7 @@ Every GPU command has a timeout. Each check prints PASS/FAIL with its evidence;
 the exit status is the number of failures. Sections: calibrate, probe, lists,
 gpc, live, mps, torch, bench, errors, multi (needs 2 GPUs), systemwide, graphs,
 clusters, libclusters, torchgraphs, graphoverhead, graphbench, hardening, sharing,
-multiuser, smcount, startupcache (default: all).
+racing, multiuser, smcount, startupcache (default: all).
 """
 import json
 import os
@@ -371,6 +371,28 @@ def section_multi():
         check(f"-d {spec} selects GPU 1", got == {0: set(range(n0)), 1: {5}}, f"{ {d: ranges(t) for d, t in got.items()} }")
     tp, rc, err = probe_tpcs([NV, "--no-mps", "-t", "0-3"], env={"CUDA_VISIBLE_DEVICES": "1"})
     check("CUDA_VISIBLE_DEVICES=1: device 0 is that GPU, by UUID", tp == set(range(4)), f"ran on {ranges(tp or [])}")
+    # -n per GPU, from the device cache the launches above filled.
+    rc, out, err, _ = run([NV, "--no-mps", "-v", "-d", "0", "-n", "8", "-d", "1", "-n", "12", f"{GPUBIN}/smid_probe",
+                           "--all-devices", "--iters", "1"], timeout=90)
+    chosen = {int(m.group(1)): parse_ranges(m.group(2)) for m in re.finditer(r"-n \d+ on device (\d+): TPCs (\S+)", err)}
+    got = {int(m.group(1)): parse_ranges(m.group(2)) for m in re.finditer(r"dev (\d+) iter 0 sms \d+ tpcs (\S+)", out)}
+    check("-d 0 -n 8 -d 1 -n 12: each GPU on exactly the TPCs chosen for it",
+          rc == 0 and len(chosen.get(0, ())) == 8 and len(chosen.get(1, ())) == 12 and got == chosen,
+          f"chose { {d: ranges(t) for d, t in chosen.items()} } ran { {d: ranges(t) for d, t in got.items()} } rc={rc}")
+    # CUDA_VISIBLE_DEVICES changed inside the task (after nvtaskset chose GPU 0 by UUID).
+    rc, out, err, _ = run([NV, "--no-mps", "-t", "0-3", "env", "CUDA_VISIBLE_DEVICES=1", f"{GPUBIN}/smid_probe",
+                           "--iters", "1"], timeout=60)
+    check("task changes CUDA_VISIBLE_DEVICES=1 away from its partitioned GPU 0: the shim stops it in one line, "
+          "no kernel",
+          rc != 0 and "tpcs" not in out and "does not see" in err
+          and len([l for l in err.splitlines() if l.startswith("nvtaskset[")]) == 1,
+          f"rc={rc} {err.strip()}")
+    got, rc, err = probe_all([NV, "--no-mps", "-d", "1", "-t", "0-3", "env", "CUDA_VISIBLE_DEVICES=1"])
+    check("-d 1 -t 0-3 and the task sets CUDA_VISIBLE_DEVICES=1: its device 0 (GPU 1) on 0-3",
+          rc == 0 and got == {0: set(range(4))}, f"{ {d: ranges(t) for d, t in got.items()} } rc={rc} {err.strip()[-200:]}")
+    got, rc, err = probe_all([NV, "--no-mps", "-t", "0-3", "env", "CUDA_VISIBLE_DEVICES=1,0"])
+    check("-t 0-3 (GPU 0) and the task reorders CUDA_VISIBLE_DEVICES=1,0: its device 1 on 0-3, device 0 unrestricted",
+          rc == 0 and got == {0: set(range(n1)), 1: set(range(4))}, f"{ {d: ranges(t) for d, t in got.items()} } rc={rc}")
     # Live change of one GPU's partition in a two-GPU task.
     until, ready = os.path.join(OUT, "until-multi"), os.path.join(OUT, "ready-multi")
     outpath = os.path.join(OUT, "live-multi.txt")
@@ -1187,6 +1209,48 @@ def section_sharing():
         stop_mps_safely()
 
 
+def section_racing():
+    """Four -n 16 --exclusive launches that choose at the same moment (each held 300 ms between reading the
+    status and publishing its choice): the ones that start are disjoint, by --status and by %smid."""
+    until = os.path.join(OUT, "until-racing")
+    if os.path.exists(until):
+        os.remove(until)
+    tasks = []
+    try:
+        for i in range(4):
+            tasks.append(Task([NV, "--no-mps", "--exclusive", "-n", "16", f"{GPUBIN}/smid_probe", "--interval-ms", "20",
+                               "--until-file", until, "--ready-file", os.path.join(OUT, f"ready-racing-{i}")],
+                              f"racing-{i}", env={"NVTASKSET_CLAIM_DELAY_MS": "300"}))
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 60 and not all(
+                os.path.exists(os.path.join(OUT, f"ready-racing-{i}")) or tasks[i].p.poll() is not None
+                for i in range(4)):
+            time.sleep(0.05)
+        time.sleep(0.5)
+        rc, out, err, _ = run([NV, "--status", "--json"], timeout=30)
+        listed = {e["pid"]: parse_ranges(e["tpcs"]) for e in json.loads(out)["tasks"]} if rc == 0 else {}
+        started = [t for t in tasks if t.p.poll() is None]
+        refused = [t for t in tasks if t.p.poll() is not None]
+        ran = {}
+        for t in started:
+            lines = [l for l in t.text().splitlines() if l.startswith("iter ")]
+            ran[t.pid] = parse_ranges(lines[-1].split()[-1]) if lines else set()
+        sets = [listed.get(t.pid, set()) for t in started]
+        disjoint = all(not (a & b) for i, a in enumerate(sets) for b in sets[i + 1:])
+        check("racing: -n 16 --exclusive launched at the same moment: those that start are disjoint and run on "
+              "exactly their listed TPCs; the others are refused in one line",
+              len(started) >= 1 and disjoint and all(len(x) == 16 for x in sets)
+              and all(ran[t.pid] == listed.get(t.pid) for t in started)
+              and all(t.p.returncode == 1 and len(t.err().strip().splitlines()) == 1 for t in refused),
+              "; ".join(f"{t.pid}: listed {ranges(listed.get(t.pid, []))} ran {ranges(ran[t.pid])}" for t in started)
+              + " | refused: " + "; ".join(t.err().strip() for t in refused))
+    finally:
+        open(until, "w").close()
+        for t in tasks:
+            t.finish(30)
+            t.__exit__(None, None, None)
+
+
 def section_multiuser():
     """Two Unix users and one MPS server: the second is told whom the server serves (NVTASKSET_MPS_OTHER_USER)."""
     stop_mps_safely()
@@ -1303,7 +1367,7 @@ def section_startupcache():
 
 
 SECTIONS = ["calibrate", "probe", "lists", "gpc", "live", "mps", "torch", "bench", "errors", "multi", "systemwide",
-            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening", "sharing", "multiuser", "smcount", "startupcache"]
+            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening", "sharing", "racing", "multiuser", "smcount", "startupcache"]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:] or SECTIONS
