@@ -491,22 +491,44 @@ def write_csv(name, header, rows):
 
 
 def section_startup():
+    """Start-up with the GPU idle (no process holds it), then with it held open by another process
+    (first_kernel --hold, outside MPS): the driver then skips bringing the GPU up."""
     rounds = 100 if ARGS.full else 20
-    budget = min(left() - 30, 480 if ARGS.full else 110)
-    if budget < 20:
-        log("SKIP startup: no time left")
-        return
-    cmd = [os.path.join(BIN, "nvt/bench/bench_startup"), "--child", os.path.join(BIN, "cuda/first_kernel"),
-           "--nvtaskset", NV, "--list", f"0-{NTPC // 2 - 1}", "--rounds", str(rounds),
-           "--csv", os.path.join(OUT, "startup.csv"), "--summary-csv", os.path.join(OUT, "startup_summary.csv"),
-           "--log", os.path.join(LOGS, "startup.log"), "--budget-s", str(int(budget)), "--timeout-s", "60"]
-    LABEL[0] = "startup"
-    rc, out, err, dt = run(cmd, timeout=budget + 200)
-    for line in out.strip().splitlines():
-        log(line, summary=True)
-    if rc != 0:
-        log(f"WARN bench_startup rc={rc} ({dt:.0f} s): {err.strip()[-600:]}", summary=True)
-    mps_stop()
+    for held in (False, True):
+        budget = min(left() - 30, 480 if ARGS.full else 110)
+        if budget < 20:
+            log("SKIP startup: no time left")
+            return
+        tag = "_held" if held else ""
+        cmd = [os.path.join(BIN, "nvt/bench/bench_startup"), "--child", os.path.join(BIN, "cuda/first_kernel"),
+               "--nvtaskset", NV, "--list", f"0-{NTPC // 2 - 1}", "--rounds", str(rounds),
+               "--csv", os.path.join(OUT, f"startup{tag}.csv"),
+               "--summary-csv", os.path.join(OUT, f"startup{tag}_summary.csv"),
+               "--log", os.path.join(LOGS, f"startup{tag}.log"), "--budget-s", str(int(budget)), "--timeout-s", "60"]
+        holder = None
+        if held:
+            # The cold configuration is left out: it stops the MPS daemon, which the holder does not need.
+            cmd += ["--configs", "plain,nvt-nomps,mps-client,nvt-warm"]
+            holder = subprocess.Popen([os.path.join(BIN, "cuda/first_kernel"), "--hold"], stdin=subprocess.PIPE,
+                                      stdout=subprocess.PIPE, text=True)
+            if not holder.stdout.readline().startswith("first_kernel"):
+                log("WARN startup: the process holding the GPU open did not start", summary=True)
+        LABEL[0] = "startup" + (" (GPU held open)" if held else " (GPU idle)")
+        log(f"-- {LABEL[0]}", summary=True)
+        try:
+            rc, out, err, dt = run(cmd, timeout=budget + 200)
+        finally:
+            if holder is not None:
+                holder.stdin.close()
+                try:
+                    holder.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    holder.kill()
+        for line in out.strip().splitlines():
+            log(line, summary=True)
+        if rc != 0:
+            log(f"WARN bench_startup rc={rc} ({dt:.0f} s): {err.strip()[-600:]}", summary=True)
+        mps_stop()
 
 
 # ---- Fig. 11b: launch latency ------------------------------------------------------------------------------

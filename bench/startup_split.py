@@ -9,7 +9,10 @@ shim with a partition (through the CLI), outside MPS and as MPS clients. It prin
 the median of main -> cudaDeviceSynchronize() returning after the first kernel (first_kernel's
 main_ns and sync_ns, both CLOCK_MONOTONIC in the task) and its ratio to the plain program.
 
-    python3 bench/startup_split.py [--rounds N] [BIN]      (BIN: what bench/build_eval.sh built, default .dev/eval)
+    python3 bench/startup_split.py [--rounds N] [--hold] [BIN]   (BIN: what bench/build_eval.sh built, default .dev/eval)
+
+--hold: another process (first_kernel --hold, outside MPS) keeps the GPU open meanwhile, so the
+driver does not bring the GPU up for each run.
 """
 import argparse
 import os
@@ -39,6 +42,7 @@ def mps(cmd):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--hold", action="store_true", help="keep the GPU open from another process meanwhile")
     ap.add_argument("bin", nargs="?", default=".dev/eval")
     a = ap.parse_args()
     child = os.path.join(a.bin, "cuda/first_kernel")
@@ -67,12 +71,22 @@ def main():
             for k in order:
                 times[k].append(run(*group[k]))
 
-    mps("stop")
-    measure(configs)
-    mps("start")
-    measure(mps_configs)
-    mps("stop")
-    print(f"main -> first kernel done, in ms (median of {a.rounds}, interleaved)")
+    holder = None
+    if a.hold:
+        holder = subprocess.Popen([child, "--hold"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        holder.stdout.readline()
+    try:
+        mps("stop")
+        measure(configs)
+        mps("start")
+        measure(mps_configs)
+        mps("stop")
+    finally:
+        if holder is not None:
+            holder.stdin.close()
+            holder.wait(timeout=30)
+    print(f"main -> first kernel done, in ms (median of {a.rounds}, interleaved)"
+          + (", GPU held open by another process" if a.hold else ""))
     for base, group in (("plain", configs), ("mps client", mps_configs)):
         b = statistics.median(times[base])
         for k in group:
