@@ -2850,6 +2850,32 @@ TEST_F(Racing, CountChoicesAtTheSameMomentShareTpcsOnlyWhenTheySaySo) {
   stop_all();
 }
 
+// The same for two live changes: each publishes the task's new partition,
+// reads again, and on a race republishes what the task's region still holds
+// and chooses again.
+TEST_F(Racing, LiveChangesAtTheSameMomentAreDisjointOrRefused) {
+  const long a = start_task({"-t", "7"}, "a");
+  const long b = start_task({"-t", "6"}, "b");
+  ASSERT_GT(a, 0);
+  ASSERT_GT(b, 0);
+  Env env = env_;
+  env["NVTASKSET_CLAIM_DELAY_MS"] = "300";
+  Proc& pa = start({kCli, "-p", "--exclusive", "-n", "3", std::to_string(a)}, env);
+  Proc& pb = start({kCli, "-p", "--exclusive", "-n", "3", std::to_string(b)}, env);
+  const Result ra = pa.wait(), rb = pb.wait();
+  for (const Result* r : {&ra, &rb})
+    EXPECT_TRUE(ExitedWith(*r, 0) || FailedWithOneLine(*r)) << *r;
+  EXPECT_TRUE(ExitedWith(ra, 0) || ExitedWith(rb, 0)) << ra << rb;
+  const auto tpcs = listed_and_applied({{&pa, a}, {&pb, b}});
+  std::vector<unsigned> common;
+  std::set_intersection(tpcs.at(a).begin(), tpcs.at(a).end(), tpcs.at(b).begin(), tpcs.at(b).end(),
+                        std::back_inserter(common));
+  EXPECT_TRUE(common.empty()) << "TPC " << common.front() << " held by both";
+  EXPECT_EQ(tpcs.at(a).size(), ExitedWith(ra, 0) ? 3u : 1u);
+  EXPECT_EQ(tpcs.at(b).size(), ExitedWith(rb, 0) ? 3u : 1u);
+  stop_all();
+}
+
 // Another user's files in the status directory block no one: a lock held on
 // the name an older nvtaskset locked, a FIFO and a directory named like
 // entries.
