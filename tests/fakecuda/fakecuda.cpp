@@ -38,7 +38,9 @@
 // list of device indices or full UUIDs selects and orders the devices the
 // process sees, ordinal k being the k-th device listed; the list ends at the
 // first entry that names no device, and an empty value hides every device.
-// A device keeps its UUID and PCI bus id whatever its ordinal.
+// A device keeps its UUID and PCI bus id whatever its ordinal: measured on
+// 2 x H200, where a task that set CUDA_VISIBLE_DEVICES=1 or 1,0 itself found
+// GPU 1's UUID at its ordinal 0 (docs/verification.md, run 11).
 // The layout field gets a trailing '!' when a callback changed any TMD byte
 // outside the mask field and its valid bit: a shim writing at the wrong
 // offsets must not go unnoticed.
