@@ -122,6 +122,13 @@ DeviceDesc describe_device(const topo::DeviceInfo& d) {
 
 std::string phrase_of(const Partition& p);
 
+// "42, 43": PIDs as messages name them.
+std::string pid_list(const std::vector<pid_t>& pids) {
+  std::string s;
+  for (pid_t p : pids) s += (s.empty() ? "" : ", ") + std::to_string(p);
+  return s;
+}
+
 // -n COUNT: the TPCs chosen for the request, avoiding those other live
 // partitions hold when enough are free.
 LogicalTpcSet choose_by_count(const Request& r, const topo::DeviceInfo& dev, const topo::Topology& t,
@@ -138,10 +145,10 @@ LogicalTpcSet choose_by_count(const Request& r, const topo::DeviceInfo& dev, con
   req.pool.bits = req.pool.bits & ~taken.bits;
   if (auto it = sh.keep.find(dev.uuid); it != sh.keep.end()) req.keep = it->second;
   if (req.pool.size() < n) {
-    std::string holders;
-    for (const Holder& h : others) holders += (holders.empty() ? "" : ", ") + std::to_string(h.pid);
+    std::vector<pid_t> holders;
+    for (const Holder& h : others) holders.push_back(h.pid);
     const std::string free = std::to_string(req.pool.size()) + " of " + std::to_string(dev.tpc_count()) +
-                             " TPCs of " + device_label(dev) + " are free (held by pid " + holders + ")";
+                             " TPCs of " + device_label(dev) + " are free (held by pid " + pid_list(holders) + ")";
     if (sh.exclusive) throw Failure("-n " + r.count + " --exclusive: only " + free);
     warnings->push_back("-n " + r.count + ": only " + free + "; sharing TPCs with them");
     req.pool = topo::all_tpcs(t);
@@ -162,14 +169,9 @@ void check_sharing(const Partition& p, const topo::DeviceInfo& dev, const topo::
                    const std::vector<Holder>& others, std::vector<std::string>* warnings) {
   if (p.tpcs.empty()) return;
   const Overlap o = overlap_with(t, p.tpcs, others);
-  auto pids = [](const std::vector<pid_t>& v) {
-    std::string s;
-    for (pid_t x : v) s += (s.empty() ? "" : ", ") + std::to_string(x);
-    return s;
-  };
   if (!o.share_tpcs.empty()) {
     const std::string what = "TPCs " + format_list(o.common_tpcs.bits) + " of " + device_label(dev) +
-                             " are held by pid " + pids(o.share_tpcs);
+                             " are held by pid " + pid_list(o.share_tpcs);
     if (sh.exclusive) throw Failure(what + "; --exclusive refuses a partition that overlaps another");
     warnings->push_back(what + ": the tasks share them");
     return;
@@ -190,7 +192,7 @@ void check_sharing(const Partition& p, const topo::DeviceInfo& dev, const topo::
                                                        format_list(c->tpcs.bits);
   const bool many = o.common_gpcs.size() > 1;
   warnings->push_back(phrase_of(p) + " of " + device_label(dev) + (many ? " share GPCs " : " share GPC ") +
-                      format_list(o.common_gpcs.bits) + " with pid " + pids(o.share_gpcs) +
+                      format_list(o.common_gpcs.bits) + " with pid " + pid_list(o.share_gpcs) +
                       ": partitions that share a GPC do not isolate each other" + alt);
 }
 
@@ -446,9 +448,7 @@ Overlap raced_with(const std::vector<Choice>& chosen, const std::vector<ctl::Sta
   for (const Choice& c : chosen) {
     const topo::Topology* t = devices.known_topology(*c.dev);
     const std::vector<Holder> others = holders_on(fresh, *c.dev, t, sh.exclude);
-    LogicalTpcSet mine = c.partition.tpcs;
-    if (mine.empty() && t != nullptr && c.partition.active()) mine = topo::logical_of_physical(*t, c.partition.enabled);
-    const Overlap o = overlap_with(t, mine, others);
+    const Overlap o = overlap_with(t, logical_view(c.partition, t), others);
     all.share_tpcs.insert(all.share_tpcs.end(), o.share_tpcs.begin(), o.share_tpcs.end());
     all.share_gpcs.insert(all.share_gpcs.end(), o.share_gpcs.begin(), o.share_gpcs.end());
   }
@@ -465,19 +465,14 @@ std::vector<Choice> settle(Sharing& sh, Devices& devices, const Claim& c, std::v
     c.publish(chosen);
     const Overlap raced = raced_with(chosen, changed_since(sh.status, ctl::read_status()), sh, devices);
     if (raced.share_tpcs.empty() && raced.share_gpcs.empty()) return chosen;
-    auto pids = [](const std::vector<pid_t>& v) {
-      std::string out;
-      for (pid_t p : v) out += (out.empty() ? "" : ", ") + std::to_string(p);
-      return out;
-    };
-    spdlog::debug("choice {} raced with pid {} {}", attempt, pids(raced.share_tpcs), pids(raced.share_gpcs));
+    spdlog::debug("choice {} raced with pid {} {}", attempt, pid_list(raced.share_tpcs), pid_list(raced.share_gpcs));
     if (attempt == kClaimTries) {
       if (sh.exclusive && !raced.share_tpcs.empty()) {
         c.take_back();
-        throw Failure("pid " + pids(raced.share_tpcs) + " took the same TPCs at the same moment, " +
+        throw Failure("pid " + pid_list(raced.share_tpcs) + " took the same TPCs at the same moment, " +
                       std::to_string(kClaimTries) + " times in a row; --exclusive refuses to share them (try again)");
       }
-      warnings->push_back("pid " + pids(raced.share_tpcs.empty() ? raced.share_gpcs : raced.share_tpcs) +
+      warnings->push_back("pid " + pid_list(raced.share_tpcs.empty() ? raced.share_gpcs : raced.share_tpcs) +
                           " chose TPCs at the same moment, " + std::to_string(kClaimTries) +
                           " times in a row: the tasks share " + (raced.share_tpcs.empty() ? "a GPC" : "TPCs") +
                           " (see --status)");

@@ -30,11 +30,6 @@ bool applies_to(const DevicePartition& dp, const topo::DeviceInfo& dev) {
   return dp.partition.active() && (dp.device == dev.uuid || dp.device == kAnyDevice);
 }
 
-LogicalTpcSet logical_view(const Partition& p, const topo::Topology* t) {
-  if (!p.tpcs.empty() || t == nullptr) return p.tpcs;
-  return topo::logical_of_physical(*t, p.enabled);
-}
-
 GpcSet gpcs_of(const topo::Topology& t, const LogicalTpcSet& tpcs) {
   GpcSet g;
   for (unsigned k : tpcs.bits.indices())
@@ -50,6 +45,11 @@ std::string user_name(uid_t uid) {
   char buf[1024];
   if (::getpwuid_r(uid, &pw, buf, sizeof buf, &out) == 0 && out != nullptr) return out->pw_name;
   return std::to_string(uid);
+}
+
+LogicalTpcSet logical_view(const Partition& p, const topo::Topology* t) {
+  if (!p.tpcs.empty() || t == nullptr) return p.tpcs;
+  return topo::logical_of_physical(*t, p.enabled);
 }
 
 std::vector<Holder> holders_on(const std::vector<ctl::StatusEntry>& status, const topo::DeviceInfo& dev,
@@ -82,7 +82,7 @@ std::vector<ctl::StatusEntry> changed_since(const std::vector<ctl::StatusEntry>&
   for (const auto& e : after) {
     const auto it = old.find(e.pid);
     const bool same = it != old.end() && it->second->start_time == e.start_time && it->second->uid == e.uid &&
-                      encode_partitions(it->second->partitions) == encode_partitions(e.partitions);
+                      it->second->partitions == e.partitions;
     if (!same) out.push_back(e);
   }
   return out;

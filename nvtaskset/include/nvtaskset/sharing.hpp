@@ -30,6 +30,10 @@ std::vector<Holder> holders_on(const std::vector<ctl::StatusEntry>& status, cons
 
 LogicalTpcSet held_by(const std::vector<Holder>& holders);
 
+// The TPCs a partition holds: its logical view, or for a physical mask its
+// translation through `t` (empty when the layout is unknown).
+LogicalTpcSet logical_view(const Partition& p, const topo::Topology* t);
+
 // The entries of `after` that `before` does not have as they are: tasks that
 // appeared, and tasks whose partitions changed (or whose PID was reused).
 std::vector<ctl::StatusEntry> changed_since(const std::vector<ctl::StatusEntry>& before,
