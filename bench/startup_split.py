@@ -9,15 +9,21 @@ shim with a partition (through the CLI), outside MPS and as MPS clients. It prin
 the median of main -> cudaDeviceSynchronize() returning after the first kernel (first_kernel's
 main_ns and sync_ns, both CLOCK_MONOTONIC in the task) and its ratio to the plain program.
 
-    python3 bench/startup_split.py [--rounds N] [--hold] [BIN]   (BIN: what bench/build_eval.sh built, default .dev/eval)
+    python3 bench/startup_split.py [--rounds N] [--hold] [--channels] [BIN]
+    (BIN: what bench/build_eval.sh built, default .dev/eval)
 
 --hold: another process (first_kernel --hold, outside MPS) keeps the GPU open meanwhile, so the
 driver does not bring the GPU up for each run.
+--channels: instead, split the cost of the hardware channels: CUDA_DEVICE_MAX_CONNECTIONS (compute
+and copy connections) against CUDA_DEVICE_MAX_COPY_CONNECTIONS (copy connections alone), outside
+MPS and as MPS clients; then count how many clients holding their context one MPS server admits
+at each setting (up to 48).
 """
 import argparse
 import os
 import random
 import re
+import select
 import statistics
 import subprocess
 import time
@@ -43,11 +49,25 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--hold", action="store_true", help="keep the GPU open from another process meanwhile")
+    ap.add_argument("--channels", action="store_true", help="split compute and copy connections' cost")
     ap.add_argument("bin", nargs="?", default=".dev/eval")
     a = ap.parse_args()
     child = os.path.join(a.bin, "cuda/first_kernel")
     nv = os.path.join(a.bin, "nvt/bin/nvtaskset")
     shim = os.path.join(a.bin, "nvt/lib/nvtaskset")
+    conn = "CUDA_DEVICE_MAX_CONNECTIONS"
+    copy = "CUDA_DEVICE_MAX_COPY_CONNECTIONS"
+    channel_settings = {
+        "": {},
+        "conn8": {conn: "8"},
+        "conn8 copy2": {conn: "8", copy: "2"},
+        "conn8 copy1": {conn: "8", copy: "1"},
+        "conn8 copy4": {conn: "8", copy: "4"},
+        "conn4": {conn: "4"},
+        "copy8": {copy: "8"},
+        "copy4": {copy: "4"},
+        "copy2": {copy: "2"},
+    }
     configs = {
         "plain": ([child], {}),
         "conn8": ([child], {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}),
@@ -60,6 +80,11 @@ def main():
         "mps client, shim, no partition": ([child], {"LD_LIBRARY_PATH": shim}),
         "nvtaskset -t 0-32 (mps)": ([nv, "-t", "0-32", child], {}),
     }
+    if a.channels:
+        configs = {("plain " + k).strip(): ([child], env) for k, env in channel_settings.items()}
+        mps_configs = {("mps client " + k).strip(): ([child], env) for k, env in channel_settings.items()}
+        mps_configs["nvtaskset -t 0-32 (mps)"] = ([nv, "-t", "0-32", child], {})
+        mps_configs["nvtaskset -t 0-32 (mps) copy2"] = ([nv, "-t", "0-32", child], {copy: "2"})
     times = {k: [] for k in list(configs) + list(mps_configs)}
 
     def measure(group):
@@ -80,6 +105,8 @@ def main():
         measure(configs)
         mps("start")
         measure(mps_configs)
+        if a.channels:
+            admitted = {k: capacity(child, channel_settings[k]) for k in ("", "conn8", "conn8 copy4", "conn4")}
         mps("stop")
     finally:
         if holder is not None:
@@ -92,6 +119,37 @@ def main():
         for k in group:
             med = statistics.median(times[k])
             print(f"  {k:34s} {med:8.1f}  {med / b:6.3f}x {base}")
+    if a.channels:
+        print(f"MPS clients one server admitted, each holding its context (up to {CAPACITY_MAX}):")
+        for k, n in admitted.items():
+            print(f"  {k or 'default':34s} {n}")
+
+
+CAPACITY_MAX = 48
+
+
+def capacity(child, env):
+    """How many clients, each holding its context open, the running MPS server admits."""
+    e = dict(os.environ)
+    e.update(env)
+    held = []
+    try:
+        while len(held) < CAPACITY_MAX:
+            p = subprocess.Popen([child, "--hold"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=subprocess.DEVNULL, text=True, env=e)
+            ready, _, _ = select.select([p.stdout], [], [], 30)
+            line = p.stdout.readline() if ready else ""
+            if "ok 1" not in line:
+                p.kill()
+                p.wait(timeout=30)
+                break
+            held.append(p)
+        return len(held)
+    finally:
+        for p in held:
+            p.stdin.close()
+        for p in held:
+            p.wait(timeout=30)
 
 
 if __name__ == "__main__":
