@@ -983,7 +983,8 @@ const char* kDescription =
     "MASK is a hexadecimal enable mask over logical TPC IDs (0xff00 = TPCs 8-15).\n"
     "LIST uses taskset's syntax: 0-7,12,20-31:2. Logical TPC k is the pair of SMs\n"
     "whose %smid is 2k and 2k+1. The command runs as an MPS client (nvtaskset starts\n"
-    "the MPS control daemon if none runs) with CUDA_DEVICE_MAX_CONNECTIONS=8.\n";
+    "the MPS control daemon if none runs) with CUDA_DEVICE_MAX_CONNECTIONS=8 and\n"
+    "CUDA_DEVICE_MAX_COPY_CONNECTIONS=4, the hardware queues of a plain process.\n";
 
 const char* kExamples =
     "Examples:\n"
@@ -1049,6 +1050,10 @@ std::string find_shim_dir(const std::string& exe_path) {
   return fs::weakly_canonical(dir, ec).string();
 }
 
+// CUDA's own variables for the number of hardware queues (connections).
+constexpr const char* kConnectionsEnv = "CUDA_DEVICE_MAX_CONNECTIONS";
+constexpr const char* kCopyConnectionsEnv = "CUDA_DEVICE_MAX_COPY_CONNECTIONS";
+
 std::vector<std::string> task_environment(std::vector<std::string> env, const std::string& shim_dir,
                                           const std::string& partitions, const std::string& real_driver,
                                           bool partition_sm_count, bool mps_client) {
@@ -1069,12 +1074,21 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   } else {
     set("LD_LIBRARY_PATH", shim_dir);
   }
-  // MPS clients get 2 hardware channels by default, which serialises their
-  // streams; 8 restores the non-MPS behaviour (docs/hardware.md, paper Sec. 5.2).
-  // Outside MPS 8 is the default, and setting it explicitly costs start-up
-  // time: 38 ms of a 225 ms first kernel on an H100 (bench/startup_split.py,
-  // docs/hardware.md "MPS"), so a --no-mps task is left as it is.
-  if (mps_client && !find("CUDA_DEVICE_MAX_CONNECTIONS")) set("CUDA_DEVICE_MAX_CONNECTIONS", "8");
+  // An MPS client's kernels share 2 hardware queues by default, so its
+  // streams falsely wait for each other; CUDA_DEVICE_MAX_CONNECTIONS=8 gives it
+  // the 8 a plain process has. That variable alone also sets 8 copy queues,
+  // which a plain process does not get and which cost ~65 ms of an MPS
+  // client's start; 4 copy queues start and behave like a plain process
+  // (docs/hardware.md "MPS", H100 run 13). A user's choice of either is kept:
+  // CUDA_DEVICE_MAX_CONNECTIONS alone then sets the copy queues too, as in
+  // CUDA. Outside MPS these are CUDA's defaults, so a --no-mps task is left
+  // as it is.
+  if (mps_client) {
+    const bool chose_connections = find(kConnectionsEnv) != nullptr;
+    const bool chose_copy = find(kCopyConnectionsEnv) != nullptr;
+    if (!chose_connections) set(kConnectionsEnv, "8");
+    if (!chose_connections && !chose_copy) set(kCopyConnectionsEnv, "4");
+  }
   if (!real_driver.empty()) set(kRealDriverEnv, real_driver);
   if (partition_sm_count) set(option(Option::kSmCount).name, "partition");
   return env;

@@ -1252,7 +1252,9 @@ TEST_F(E2E, ATaskThatSeesNoneOfItsGpusRunsUnmaskedOnlyWhenToldAndSaysSo) {
 // --- 11: environment and exit status ------------------------------------------------------
 
 TEST_F(E2E, EnvironmentOfTheTask) {
-  const std::vector<std::string> print{"--print-env", "CUDA_DEVICE_MAX_CONNECTIONS", "--print-env", "LD_LIBRARY_PATH",
+  const std::vector<std::string> print{"--print-env", "CUDA_DEVICE_MAX_CONNECTIONS",
+                                       "--print-env", "CUDA_DEVICE_MAX_COPY_CONNECTIONS",
+                                       "--print-env", "LD_LIBRARY_PATH",
                                        "--print-env", "NVTASKSET_PARTITION"};
   auto launch = [&](const Env& env) {
     std::vector<std::string> argv{kCli, "--no-mps", "-t", "0", kLauncher};
@@ -1267,9 +1269,10 @@ TEST_F(E2E, EnvironmentOfTheTask) {
 
   Result r = launch(env_);
   ASSERT_TRUE(ExitedWith(r, 0));
-  // Outside MPS, 8 channels is CUDA's default: left alone (setting it costs
-  // start-up time; an MPS client gets 8, EnvironmentOfAnMpsClient).
+  // Outside MPS, CUDA's default queues are what an MPS client is given
+  // (EnvironmentOfAnMpsClient): left alone.
   EXPECT_EQ(printed_env(r.out, "CUDA_DEVICE_MAX_CONNECTIONS").value_or("<unset>"), "<unset>");
+  EXPECT_EQ(printed_env(r.out, "CUDA_DEVICE_MAX_COPY_CONNECTIONS").value_or("<unset>"), "<unset>");
   auto ldp = printed_env(r.out, "LD_LIBRARY_PATH");
   ASSERT_TRUE(ldp.has_value());
   // Exactly the shim dir: a trailing ':' would add the working directory.
@@ -2947,19 +2950,37 @@ TEST_F(Sharing, AForkedChildWithoutCudaIsNotListed) {
 
 // MPS serves one user at a time: a task that would wait behind another
 // user's clients is told so, and NVTASKSET_MPS_OTHER_USER=fail refuses it.
-// An MPS client gets 8 hardware channels (2 otherwise serialise its streams),
-// unless the user chose a number.
+// An MPS client gets the hardware queues of a plain process: 8 for kernels
+// (2 otherwise serialise its streams) and 4 for copies (8, what
+// CUDA_DEVICE_MAX_CONNECTIONS alone gives, costs start-up time; measured on
+// an H100, docs/hardware.md "MPS"), unless the user chose either number.
 TEST_F(E2E, EnvironmentOfAnMpsClient) {
   Env env = env_;
   env["NVTASKSET_MPS_CONTROL"] = kFakeMps;
   env["FAKE_MPS_IDLE_MS"] = "20000";
-  Result r = run({kCli, "-t", "0", kLauncher, "--print-env", "CUDA_DEVICE_MAX_CONNECTIONS"}, env);
+  const std::string conn = "CUDA_DEVICE_MAX_CONNECTIONS";
+  const std::string copy = "CUDA_DEVICE_MAX_COPY_CONNECTIONS";
+  auto launch = [&](const Env& e) {
+    return run({kCli, "-t", "0", kLauncher, "--print-env", conn, "--print-env", copy}, e);
+  };
+  Result r = launch(env);
   EXPECT_TRUE(ExitedWith(r, 0)) << r;
-  EXPECT_EQ(printed_env(r.out, "CUDA_DEVICE_MAX_CONNECTIONS").value_or("<unset>"), "8") << r;
-  env["CUDA_DEVICE_MAX_CONNECTIONS"] = "2";
-  r = run({kCli, "-t", "0", kLauncher, "--print-env", "CUDA_DEVICE_MAX_CONNECTIONS"}, env);
+  EXPECT_EQ(printed_env(r.out, conn).value_or("<unset>"), "8") << r;
+  EXPECT_EQ(printed_env(r.out, copy).value_or("<unset>"), "4") << r;
+  // The user's number of connections also sets the copy queues, in CUDA:
+  // nvtaskset adds no copy setting of its own beside it.
+  env[conn] = "2";
+  r = launch(env);
   EXPECT_TRUE(ExitedWith(r, 0)) << r;
-  EXPECT_EQ(printed_env(r.out, "CUDA_DEVICE_MAX_CONNECTIONS").value_or("<unset>"), "2") << r;
+  EXPECT_EQ(printed_env(r.out, conn).value_or("<unset>"), "2") << r;
+  EXPECT_EQ(printed_env(r.out, copy).value_or("<unset>"), "<unset>") << r;
+  // The user's copy queues are kept; the kernels still get 8.
+  env.erase(conn);
+  env[copy] = "1";
+  r = launch(env);
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(printed_env(r.out, conn).value_or("<unset>"), "8") << r;
+  EXPECT_EQ(printed_env(r.out, copy).value_or("<unset>"), "1") << r;
   Proc& q = start({"sh", "-c", "echo quit | " + kFakeMps}, env);
   q.wait();
 }
