@@ -639,7 +639,8 @@ std::vector<long> numbers(const std::string& text) {
 
 }  // namespace
 
-std::vector<Server> servers(const Options& opts) {
+namespace {
+std::vector<Server> list_servers(const Options& opts, bool other_users_only) {
   std::vector<Server> out;
   if (!daemon_running(pipe_directory())) return out;
   Binary bin;
@@ -653,6 +654,7 @@ std::vector<Server> servers(const Options& opts) {
   for (long pid : numbers(*list)) {
     struct stat st {};
     if (pid <= 0 || ::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0) continue;
+    if (other_users_only && st.st_uid == ::getuid()) continue;
     Server s{static_cast<pid_t>(pid), st.st_uid, 0};
     if (const auto clients = control_client(bin, "get_client_list " + std::to_string(pid) + "\n",
                                             std::chrono::milliseconds(3000)))
@@ -661,6 +663,11 @@ std::vector<Server> servers(const Options& opts) {
   }
   return out;
 }
+}  // namespace
+
+std::vector<Server> servers(const Options& opts) { return list_servers(opts, false); }
+
+std::vector<Server> other_users_servers(const Options& opts) { return list_servers(opts, true); }
 
 std::string started_message(const EnsureResult& r) {
   if (!r.started) return {};

@@ -536,8 +536,8 @@ void check_mps_user() {
   if (policy.unknown)
     spdlog::warn("{}={}: unknown value ({}); using wait", option(Option::kMpsOtherUser).name, printable(policy.value),
                  option(Option::kMpsOtherUser).choices);
-  for (const mps::Server& sv : mps::servers()) {
-    if (sv.uid == ::getuid() || sv.clients == 0) continue;
+  for (const mps::Server& sv : mps::other_users_servers()) {
+    if (sv.clients == 0) continue;
     const std::string who = "the MPS server (pid " + std::to_string(sv.pid) + ") serves user " + user_name(sv.uid) +
                             " with " + std::to_string(sv.clients) + " client" + (sv.clients == 1 ? "" : "s");
     if (policy.index == 1)

@@ -246,6 +246,23 @@ TEST_F(MpsTest, ServersSaysWhichUserEachServerServes) {
   EXPECT_EQ(s[0].clients, 2u);
 }
 
+// A launch only needs the servers a client of this user would wait for; it
+// does not ask this user's own server for its clients (one run of the
+// control program fewer in every launch's start-up).
+TEST_F(MpsTest, OtherUsersServersSkipsThisUsersOwnServer) {
+  ::setenv("FAKE_MPS_SERVERS", (std::to_string(::getpid()) + ":2").c_str(), 1);
+  mps::EnsureResult r = mps::ensure_daemon(fake_opts());
+  ::unsetenv("FAKE_MPS_SERVERS");
+  ASSERT_TRUE(r.started);
+  EXPECT_TRUE(mps::other_users_servers(fake_opts()).empty());
+  const std::string log = read_file(fs::path(log_) / "control.log");
+  EXPECT_NE(log.find("command: get_server_list"), std::string::npos) << log;
+  EXPECT_EQ(log.find("command: get_client_list"), std::string::npos) << log;
+  // --status still counts every server's clients.
+  ASSERT_EQ(mps::servers(fake_opts()).size(), 1u);
+  EXPECT_NE(read_file(fs::path(log_) / "control.log").find("command: get_client_list"), std::string::npos);
+}
+
 TEST_F(MpsTest, AlreadyRunningDaemonIsUsedWithoutStartingAnother) {
   fs::create_directories(pipe_);
   int s = listen_at(pipe_ + "/control", SOCK_SEQPACKET);

@@ -81,6 +81,12 @@ struct Server {
 // seconds). Empty when no daemon answers or it runs no server.
 std::vector<Server> servers(const Options& opts = {});
 
+// Only the servers that serve another user, the ones a client of this user
+// would wait for: what a launch checks. This user's own servers are not
+// asked for their clients, which saves one run of the control program each
+// (a few ms of every launch's start-up, docs/results.md Fig. 11a).
+std::vector<Server> other_users_servers(const Options& opts = {});
+
 namespace detail {
 // Where log_directory() looks, injectable so tests can make the system
 // directory unwritable even when they run as root.
