@@ -1325,6 +1325,39 @@ def section_smcount():
               rc == 0 and f"torch sms {want}" in out, f"rc={rc} {out.strip()} {err.strip()[-200:]}")
 
 
+def section_queues():
+    """The hardware queues an MPS client gets from nvtaskset: streams whose kernels or copies falsely wait for each
+    other (tests/gpu/queues.cu), against a plain process and an MPS client alone."""
+    pat = r"queues (compute|copy) streams (\d+) ms \d+ blocked_pairs (\d+) of (\d+)"
+
+    def blocked(cmd):
+        rc, out, err, _ = run(cmd, timeout=60)
+        got = {m[0]: int(m[2]) for m in re.findall(pat, out)}
+        return rc, got, (out.strip() + " " + err.strip())[-300:]
+
+    for streams in (8, 16):
+        probe = [f"{GPUBIN}/queues", "--streams", str(streams), "--ms", "40"]
+        stop_mps_safely()
+        rc_p, plain, o_p = blocked(probe)
+        rc_n, nomps, o_n = blocked([NV, "--no-mps", "-t", "0-32"] + probe)
+        subprocess.run(["nvidia-cuda-mps-control", "-d"], timeout=30, capture_output=True)
+        time.sleep(1.0)
+        rc_c, client, o_c = blocked(probe)
+        rc_t, task, o_t = blocked([NV, "-t", "0-32"] + probe)
+        stop_mps_safely()
+        log(f"INFO queues, {streams} streams, blocked pairs: plain {plain}, --no-mps {nomps}, MPS client {client}, "
+            f"nvtaskset (MPS) {task}")
+        ok = all(len(g) == 2 for g in (plain, nomps, client, task)) and 0 == rc_p == rc_n == rc_c == rc_t
+        check(f"queues: {streams} streams: an MPS client alone has kernels falsely waiting (why nvtaskset sets 8)",
+              ok and client["compute"] > 0, f"MPS client {client} {o_c}")
+        check(f"queues: {streams} streams under nvtaskset (MPS): no kernel waits falsely, copies no more than a plain "
+              f"process's", ok and task["compute"] == 0 and task["copy"] <= plain["copy"],
+              f"nvtaskset {task} plain {plain} {o_t}")
+        check(f"queues: {streams} streams under nvtaskset --no-mps: as a plain process",
+              ok and nomps["compute"] == plain["compute"] == 0 and nomps["copy"] <= max(plain["copy"] * 1.5, plain["copy"] + 4),
+              f"--no-mps {nomps} plain {plain} {o_n} {o_p}")
+
+
 def section_startupcache():
     """The device cache: the second launch does not initialise the driver in the CLI, and still lands exactly."""
     env = {"NVTASKSET_LOG": "debug"}
@@ -1367,7 +1400,7 @@ def section_startupcache():
 
 
 SECTIONS = ["calibrate", "probe", "lists", "gpc", "live", "mps", "torch", "bench", "errors", "multi", "systemwide",
-            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening", "sharing", "racing", "multiuser", "smcount", "startupcache"]
+            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening", "sharing", "racing", "multiuser", "smcount", "startupcache", "queues"]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:] or SECTIONS
