@@ -9,6 +9,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
@@ -604,13 +605,19 @@ std::optional<std::string> control_client(const Binary& bin, const std::string& 
   const auto until = std::chrono::steady_clock::now() + timeout;
   ::fcntl(out[0], F_SETFL, O_NONBLOCK);
   bool done = false;
-  while (!done && std::chrono::steady_clock::now() < until) {
+  // Woken by the answer itself, not by a polling interval: every launch with
+  // a running daemon waits for one of these (docs/results.md, Fig. 11a).
+  while (!done) {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
+    if (left <= 0) break;
+    pollfd pfd{out[0], POLLIN, 0};
+    if (::poll(&pfd, 1, static_cast<int>(left) + 1) < 0 && errno != EINTR) break;
     char buf[4096];
     const ssize_t n = ::read(out[0], buf, sizeof buf);
     if (n > 0) text.append(buf, static_cast<std::size_t>(n));
     else if (n == 0) done = true;
-    else if (errno == EAGAIN) std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    else done = true;
+    else if (errno != EAGAIN && errno != EINTR) done = true;
   }
   ::close(out[0]);
   if (!done) ::kill(pid, SIGKILL);
