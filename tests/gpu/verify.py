@@ -1348,13 +1348,18 @@ def section_queues():
         log(f"INFO queues, {streams} streams, blocked pairs: plain {plain}, --no-mps {nomps}, MPS client {client}, "
             f"nvtaskset (MPS) {task}")
         ok = all(len(g) == 2 for g in (plain, nomps, client, task)) and 0 == rc_p == rc_n == rc_c == rc_t
+        # N streams spread over K queues make at most N(N/K - 1) ordered pairs that share one; fewer
+        # when the driver spreads them better, which varies from run to run (H100 run 13, H200 run 14:
+        # a plain process's copies 0-8 of 56 with 8 streams, 14-48 of 240 with 16).
+        copy4 = streams * (streams // 4 - 1)
         check(f"queues: {streams} streams: an MPS client alone has kernels falsely waiting (why nvtaskset sets 8)",
               ok and client["compute"] > 0, f"MPS client {client} {o_c}")
-        check(f"queues: {streams} streams under nvtaskset (MPS): no kernel waits falsely, copies no more than a plain "
-              f"process's", ok and task["compute"] == 0 and task["copy"] <= plain["copy"],
+        check(f"queues: {streams} streams under nvtaskset (MPS): no kernel waits falsely, copies at most as with "
+              f"4 copy queues, a plain process's ({copy4})", ok and task["compute"] == 0 and task["copy"] <= copy4,
               f"nvtaskset {task} plain {plain} {o_t}")
-        check(f"queues: {streams} streams under nvtaskset --no-mps: as a plain process",
-              ok and nomps["compute"] == plain["compute"] == 0 and nomps["copy"] <= max(plain["copy"] * 1.5, plain["copy"] + 4),
+        check(f"queues: {streams} streams under nvtaskset --no-mps and plain: no kernel waits falsely, copies at most "
+              f"as with 4 copy queues ({copy4})",
+              ok and nomps["compute"] == plain["compute"] == 0 and max(nomps["copy"], plain["copy"]) <= copy4,
               f"--no-mps {nomps} plain {plain} {o_n} {o_p}")
 
 
