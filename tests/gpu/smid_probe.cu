@@ -6,11 +6,15 @@
 // is renumbered (docs/hardware.md), so checks of exact TPCs run with --no-mps.
 //
 //   smid_probe [--iters N] [--interval-ms M] [--blocks B] [--until-file F] [--ready-file F]
-//              [--device D | --all-devices]
+//              [--device D | --all-devices] [--fork]
 // prints one line per kernel: "iter <i> sms <count> tpcs <list>", prefixed
 // with "dev <d> " when --all-devices runs the kernel on every GPU in turn.
+// --fork: fork before any CUDA call (no exec), and parent and child each run
+// the loop, their lines prefixed with "pid <pid> "; the parent waits for the
+// child and fails if it failed.
 #include <cuda_runtime.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -63,7 +67,7 @@ int main(int argc, char** argv) {
   const char* until_file = nullptr;
   const char* ready_file = nullptr;
   int device = 0;
-  bool all_devices = false;
+  bool all_devices = false, fork_first = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? argv[++i] : (std::fprintf(stderr, "missing value\n"), std::exit(2), ""); };
@@ -74,7 +78,14 @@ int main(int argc, char** argv) {
     else if (a == "--ready-file") ready_file = next();
     else if (a == "--device") device = std::atoi(next());
     else if (a == "--all-devices") all_devices = true;
+    else if (a == "--fork") fork_first = true;
     else { std::fprintf(stderr, "smid_probe: unknown argument %s\n", a.c_str()); return 2; }
+  }
+  pid_t child = -1;
+  if (fork_first) {
+    std::fflush(stdout);
+    child = fork();
+    if (child < 0) { std::perror("smid_probe: fork"); return 2; }
   }
   int ndev = 0;
   CHECK(cudaGetDeviceCount(&ndev));
@@ -114,6 +125,7 @@ int main(int argc, char** argv) {
         sms.insert(s);
         tpcs.insert(s / 2);
       }
+      if (fork_first) std::printf("pid %d ", getpid());
       if (all_devices) std::printf("dev %d ", x.id);
       std::printf("iter %d sms %zu tpcs %s\n", it, sms.size(), ranges(tpcs).c_str());
     }
@@ -122,6 +134,10 @@ int main(int argc, char** argv) {
       if (FILE* f = std::fopen(ready_file, "w")) { std::fprintf(f, "%d\n", getpid()); std::fclose(f); }
     }
     if (interval_ms) std::this_thread::sleep_for(std::chrono::milliseconds(interval_ms));
+  }
+  if (child > 0) {
+    int st = 0;
+    if (waitpid(child, &st, 0) != child || !WIFEXITED(st) || WEXITSTATUS(st) != 0) return 3;
   }
   return 0;
 }

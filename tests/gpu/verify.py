@@ -1363,6 +1363,62 @@ def section_queues():
               f"--no-mps {nomps} plain {plain} {o_n} {o_p}")
 
 
+def section_forks():
+    """A task that forks without exec: the child, under the shim from its own cuInit, is listed by --status and
+    runs on the partition; -a -p moves parent and child (exact TPCs by %smid, outside MPS)."""
+    until = os.path.join(OUT, "until-forks")
+    if os.path.exists(until):
+        os.remove(until)
+    old, new = set(range(10)), set(range(20, 30))
+
+    def by_pid(text):
+        out = {}
+        for m in re.finditer(r"^pid (\d+) iter \d+ sms \d+ tpcs (\S+)$", text, re.M):
+            out.setdefault(int(m.group(1)), []).append(parse_ranges(m.group(2)))
+        return out
+
+    t = Task([NV, "--no-mps", "-t", "0-9", f"{GPUBIN}/smid_probe", "--fork", "--interval-ms", "20",
+              "--until-file", until], "forks")
+    try:
+        t0 = time.monotonic()
+        while len(by_pid(t.text())) < 2 and t.p.poll() is None and time.monotonic() - t0 < 60:
+            time.sleep(0.05)
+        seen = by_pid(t.text())
+        child = next((p for p in seen if p != t.pid), None)
+        check("forks: parent and forked child both launch kernels", t.pid in seen and child is not None,
+              f"pids {sorted(seen)}, task {t.pid}; {t.err().strip()[-200:]}")
+        if child is None:
+            return
+        rc, out, _, _ = run([NV, "--status", "--json"], timeout=30)
+        try:
+            st = {e["pid"]: e for e in json.loads(out)["tasks"]}
+        except (ValueError, KeyError):
+            st = {}
+        check("forks: --status lists the parent and the forked child, each on TPCs 0-9",
+              all(st.get(p, {}).get("tpcs") == "0-9" for p in (t.pid, child)),
+              "; ".join(f"{p}: {st.get(p, {}).get('tpcs')}" for p in (t.pid, child)))
+        before = {p: len(v) for p, v in by_pid(t.text()).items()}
+        rc, out, err, dt = run([NV, "-a", "-p", "-t", "20-29", str(t.pid)], timeout=30)
+        at = {p: len(v) for p, v in by_pid(t.text()).items()}
+        check("forks: -a -p -t 20-29 changes the parent and the child",
+              rc == 0 and all(f"pid {p}'s new TPC list: 20-29" in out for p in (t.pid, child)),
+              f"rc={rc} {out.strip()} {err.strip()} ({dt * 1000:.1f} ms)")
+        time.sleep(1.0)
+        open(until, "w").close()
+        t.finish(60)
+        lines = by_pid(t.text())
+        for p, who in ((t.pid, "parent"), (child, "child")):
+            pre, post = lines.get(p, [])[:before.get(p, 0)], lines.get(p, [])[at.get(p, 0) + 1:]
+            check(f"forks: the {who}'s kernels ran on exactly 0-9 before the change and 20-29 after it",
+                  pre and all(x == old for x in pre) and len(post) > 5 and all(x == new for x in post),
+                  f"{len(pre)} before, {len(post)} after; first after: {ranges(post[0]) if post else '-'}")
+        check("forks: the task (parent and child) ended cleanly", t.rc == 0, f"rc={t.rc}")
+    finally:
+        open(until, "w").close()
+        t.finish(30)
+        t.__exit__(None, None, None)
+
+
 def section_startupcache():
     """The device cache: the second launch does not initialise the driver in the CLI, and still lands exactly."""
     env = {"NVTASKSET_LOG": "debug"}
@@ -1405,7 +1461,7 @@ def section_startupcache():
 
 
 SECTIONS = ["calibrate", "probe", "lists", "gpc", "live", "mps", "torch", "bench", "errors", "multi", "systemwide",
-            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening", "sharing", "racing", "multiuser", "smcount", "startupcache", "queues"]
+            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening", "sharing", "racing", "multiuser", "smcount", "startupcache", "queues", "forks"]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:] or SECTIONS
