@@ -68,23 +68,24 @@ def main():
         "copy4": {copy: "4"},
         "copy2": {copy: "2"},
     }
-    configs = {
-        "plain": ([child], {}),
-        "conn8": ([child], {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}),
-        "shim, no partition": ([child], {"LD_LIBRARY_PATH": shim}),
-        "nvtaskset --no-mps -t 0-32": ([nv, "--no-mps", "-t", "0-32", child], {}),
-    }
-    mps_configs = {
-        "mps client": ([child], {}),
-        "mps client, conn8": ([child], {"CUDA_DEVICE_MAX_CONNECTIONS": "8"}),
-        "mps client, shim, no partition": ([child], {"LD_LIBRARY_PATH": shim}),
-        "nvtaskset -t 0-32 (mps)": ([nv, "-t", "0-32", child], {}),
-    }
     if a.channels:
         configs = {("plain " + k).strip(): ([child], env) for k, env in channel_settings.items()}
         mps_configs = {("mps client " + k).strip(): ([child], env) for k, env in channel_settings.items()}
         mps_configs["nvtaskset -t 0-32 (mps)"] = ([nv, "-t", "0-32", child], {})
         mps_configs["nvtaskset -t 0-32 (mps) copy2"] = ([nv, "-t", "0-32", child], {copy: "2"})
+    else:
+        configs = {
+            "plain": ([child], {}),
+            "conn8": ([child], {conn: "8"}),
+            "shim, no partition": ([child], {"LD_LIBRARY_PATH": shim}),
+            "nvtaskset --no-mps -t 0-32": ([nv, "--no-mps", "-t", "0-32", child], {}),
+        }
+        mps_configs = {
+            "mps client": ([child], {}),
+            "mps client, conn8": ([child], {conn: "8"}),
+            "mps client, shim, no partition": ([child], {"LD_LIBRARY_PATH": shim}),
+            "nvtaskset -t 0-32 (mps)": ([nv, "-t", "0-32", child], {}),
+        }
     times = {k: [] for k in list(configs) + list(mps_configs)}
 
     def measure(group):

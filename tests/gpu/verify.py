@@ -198,11 +198,7 @@ def section_gpc():
 
 
 def live(spec_a, spec_b, want_a, want_b, label):
-    until = os.path.join(OUT, f"until-{label}")
-    ready = os.path.join(OUT, f"ready-{label}")
-    for f in (until, ready):
-        if os.path.exists(f):
-            os.remove(f)
+    until, ready = fresh_path(f"until-{label}"), fresh_path(f"ready-{label}")
     outpath = os.path.join(OUT, f"live-{label}.txt")
     with open(outpath, "w") as out:
         p = subprocess.Popen([NV, "--no-mps"] + spec_a + [f"{GPUBIN}/smid_probe", "--interval-ms", "5",
@@ -460,6 +456,14 @@ def section_systemwide():
 # ---- CUDA graphs, thread-block clusters, PyTorch graphs (gpu-checks) ------------------------------------
 
 
+def fresh_path(name):
+    """OUT/name with no file there from an earlier run (the until- and ready-files tasks poll for)."""
+    path = os.path.join(OUT, name)
+    if os.path.exists(path):
+        os.remove(path)
+    return path
+
+
 class Task:
     """A task started in its own session (process group), stdout and stderr to
     files under OUT; killed with its whole group when the block ends, on every
@@ -618,9 +622,7 @@ def graph_mode(mode, rng):
     n = ntpcs()
     lists = [sorted(rng.sample(range(n), rng.randint(1, n))) for _ in range(GRAPH_CHANGES + 1)]
     lists[0] = list(range(n // 2))  # start on a known, roomy set
-    until = os.path.join(OUT, f"until-graph-{mode}")
-    if os.path.exists(until):
-        os.remove(until)
+    until = fresh_path(f"until-graph-{mode}")
     marks = []  # (start ns, return ns, list, rc, output)
     with Task([NV, "--no-mps", "-t", ranges(lists[0]), f"{GPUBIN}/graph_probe", "--mode", mode, "--duration-ms",
                "30000", "--interval-ms", "3", "--until-file", until], f"graph-{mode}") as t:
@@ -788,9 +790,7 @@ def cluster_live_refusal():
         check("clusters: two GPCs host clusters of 8", False, f"{len(hosts8)} do")
         return
     g1, g2 = hosts8[0], hosts8[1]
-    until = os.path.join(OUT, "until-cluster-live")
-    if os.path.exists(until):
-        os.remove(until)
+    until = fresh_path("until-cluster-live")
     with Task([NV, "--no-mps", "-g", str(g1["gpc"]), f"{GPUBIN}/cluster_live", "--size", "8", "--duration-ms",
                "30000", "--until-file", until], "cluster-live") as t:
         if not t.wait_ready(60):
@@ -1172,9 +1172,7 @@ def section_sharing():
     check("sharing: -n 4 (one whole GPC) runs clusters of 8", rc == 0 and "cluster size 8 ran" in out,
           f"rc={rc} {dt:.2f}s {out.strip()[-120:]} {err.strip()[-200:]}")
     # Three tasks under MPS, each -n 16 --exclusive: disjoint, listed by --status with their counters.
-    until = os.path.join(OUT, "until-sharing")
-    if os.path.exists(until):
-        os.remove(until)
+    until = fresh_path("until-sharing")
     tasks = []
     try:
         for i in range(3):
@@ -1212,9 +1210,7 @@ def section_sharing():
 def section_racing():
     """Four -n 16 --exclusive launches that choose at the same moment (each held 300 ms between reading the
     status and publishing its choice): the ones that start are disjoint, by --status and by %smid."""
-    until = os.path.join(OUT, "until-racing")
-    if os.path.exists(until):
-        os.remove(until)
+    until = fresh_path("until-racing")
     tasks = []
     try:
         for i in range(4):
@@ -1366,9 +1362,7 @@ def section_queues():
 def section_forks():
     """A task that forks without exec: the child, under the shim from its own cuInit, is listed by --status and
     runs on the partition; -a -p moves parent and child (exact TPCs by %smid, outside MPS)."""
-    until = os.path.join(OUT, "until-forks")
-    if os.path.exists(until):
-        os.remove(until)
+    until = fresh_path("until-forks")
     old, new = set(range(10)), set(range(20, 30))
 
     def by_pid(text):
