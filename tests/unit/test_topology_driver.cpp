@@ -87,6 +87,17 @@ TEST(PciBusId, Normalizes) {
   EXPECT_EQ(normalize_pci_bus_id("3b:00.8"), std::nullopt);
   EXPECT_EQ(normalize_pci_bus_id("zz:00.0"), std::nullopt);
   EXPECT_EQ(normalize_pci_bus_id(""), std::nullopt);
+  // Field widths and separators are exact: a longer field or a stray
+  // character is not an id.
+  EXPECT_EQ(normalize_pci_bus_id(" 0000:3B:00.0\n"), "0000:3b:00.0");
+  EXPECT_EQ(normalize_pci_bus_id("3b:000.0"), std::nullopt);
+  EXPECT_EQ(normalize_pci_bus_id("13b:00.0"), std::nullopt);
+  EXPECT_EQ(normalize_pci_bus_id("000000001:3b:00.0"), std::nullopt);
+  EXPECT_EQ(normalize_pci_bus_id(":3b:00.0"), std::nullopt);
+  EXPECT_EQ(normalize_pci_bus_id("0000:3b:00.0x"), std::nullopt);
+  EXPECT_EQ(normalize_pci_bus_id("0000:3b:00.10"), std::nullopt);
+  EXPECT_EQ(normalize_pci_bus_id("0000:3b:00:0"), std::nullopt);
+  EXPECT_EQ(normalize_pci_bus_id("0:0:3b:00.0"), std::nullopt);
 }
 
 }  // namespace

@@ -251,14 +251,41 @@ std::vector<DeviceInfo> CudaDriver::query_devices() const {
   return out;
 }
 
+namespace {
+// Up to `max` hex digits at s[*i], as a number; nullopt when there are none.
+// (By hand, not std::regex: building that regex took a third of a launch's
+// instructions, and every launch normalises an id; docs/results.md, Fig. 11a.)
+std::optional<unsigned long> hex_field(const std::string& s, std::size_t* i, std::size_t max) {
+  unsigned long v = 0;
+  std::size_t n = 0;
+  for (; *i < s.size() && n < max && std::isxdigit(static_cast<unsigned char>(s[*i])); ++*i, ++n)
+    v = v * 16 + static_cast<unsigned long>(std::isdigit(static_cast<unsigned char>(s[*i]))
+                                                ? s[*i] - '0'
+                                                : std::tolower(static_cast<unsigned char>(s[*i])) - 'a' + 10);
+  if (n == 0) return std::nullopt;
+  return v;
+}
+}  // namespace
+
+// [domain:]bus:device.function, in hex (domain 1-8 digits, bus and device
+// 1-2, function 0-7).
 std::optional<std::string> normalize_pci_bus_id(std::string_view s) {
-  static const std::regex re(R"(^(?:([0-9a-fA-F]{1,8}):)?([0-9a-fA-F]{1,2}):([0-9a-fA-F]{1,2})\.([0-7])$)");
-  std::string str = trim(s);
-  std::smatch m;
-  if (!std::regex_match(str, m, re)) return std::nullopt;
-  const unsigned long domain = m[1].matched ? std::stoul(m[1].str(), nullptr, 16) : 0;
-  return fmt::format("{:04x}:{:02x}:{:02x}.{}", domain, std::stoul(m[2].str(), nullptr, 16),
-                     std::stoul(m[3].str(), nullptr, 16), m[4].str());
+  const std::string str = trim(s);
+  const bool has_domain = std::count(str.begin(), str.end(), ':') == 2;
+  std::size_t i = 0;
+  unsigned long domain = 0;
+  if (has_domain) {
+    const auto d = hex_field(str, &i, 8);
+    if (!d || i >= str.size() || str[i] != ':') return std::nullopt;
+    domain = *d;
+    ++i;
+  }
+  const auto bus = hex_field(str, &i, 2);
+  if (!bus || i >= str.size() || str[i] != ':') return std::nullopt;
+  ++i;
+  const auto dev = hex_field(str, &i, 2);
+  if (!dev || i + 2 != str.size() || str[i] != '.' || str[i + 1] < '0' || str[i + 1] > '7') return std::nullopt;
+  return fmt::format("{:04x}:{:02x}:{:02x}.{}", domain, *bus, *dev, str[i + 1]);
 }
 
 DeviceInfo select_device(const std::vector<DeviceInfo>& devices, std::string_view spec_in) {

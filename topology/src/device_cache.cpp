@@ -35,9 +35,13 @@ constexpr std::size_t kMaxEntries = 4096;
 std::optional<std::string> slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   if (!in) return std::nullopt;
-  std::string s(kMaxFile + 1, '\0');
-  in.read(s.data(), static_cast<std::streamsize>(s.size()));
-  s.resize(static_cast<std::size_t>(in.gcount()));
+  // In small reads: these files are a few hundred bytes, and every launch
+  // reads several (a buffer of kMaxFile filled up front cost more than the
+  // reading).
+  std::string s;
+  char buf[4096];
+  while (s.size() <= kMaxFile && in.read(buf, sizeof buf).gcount() > 0)
+    s.append(buf, static_cast<std::size_t>(in.gcount()));
   if (s.size() > kMaxFile) return std::nullopt;
   return s;
 }
