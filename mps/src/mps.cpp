@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <poll.h>
 #include <signal.h>
+#include <spawn.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -26,6 +27,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string_view>
 #include <thread>
@@ -569,12 +571,19 @@ EnsureResult ensure_daemon(const Options& opts) {
 
 namespace {
 
-// Runs the control program as a client with `commands` on its stdin and
-// returns what it printed (stdout), or nullopt when it failed or took more
-// than `timeout`. fork/exec as spawn_daemon does; only async-signal-safe
-// calls between the two.
-std::optional<std::string> control_client(const Binary& bin, const std::string& commands,
-                                          std::chrono::milliseconds timeout) {
+// The control program run as a client with `commands` on its stdin, from
+// its start to its answer: started by start_query, read by finish_query (or
+// killed and reaped by abandon_query), so a caller can do other work while it
+// runs.
+struct Query {
+  pid_t pid = -1;
+  int out = -1;  // its stdout
+};
+
+// posix_spawn, not fork: the CLI is not copied for a program that execs at
+// once (this runs in every launch, docs/results.md Fig. 11a). nullopt when
+// it cannot be started.
+std::optional<Query> start_query(const Binary& bin, const std::string& commands) {
   int in[2], out[2];
   if (::pipe2(in, O_CLOEXEC) != 0) return std::nullopt;
   if (::pipe2(out, O_CLOEXEC) != 0) {
@@ -582,28 +591,44 @@ std::optional<std::string> control_client(const Binary& bin, const std::string& 
     ::close(in[1]);
     return std::nullopt;
   }
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(in[0], 0);
-    ::dup2(out[1], 1);
-    const int devnull = ::open("/dev/null", O_WRONLY);
-    if (devnull >= 0) ::dup2(devnull, 2);
-    char* argv[] = {const_cast<char*>(bin.exec_path.c_str()), nullptr};
-    ::execv(argv[0], argv);
-    ::_exit(127);
-  }
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+  std::string arg0 = bin.exec_path;
+  char* argv[] = {arg0.data(), nullptr};
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, arg0.c_str(), &fa, nullptr, argv, environ);
+  posix_spawn_file_actions_destroy(&fa);
   ::close(in[0]);
   ::close(out[1]);
-  if (pid < 0) {
+  if (rc != 0) {
     ::close(in[1]);
     ::close(out[0]);
     return std::nullopt;
   }
+  // A few bytes: they fit the pipe, so this never blocks.
   (void)!::write(in[1], commands.data(), commands.size());
   ::close(in[1]);
+  ::fcntl(out[0], F_SETFL, O_NONBLOCK);
+  return Query{pid, out[0]};
+}
+
+void abandon_query(Query& q) {
+  if (q.pid <= 0) return;
+  ::close(q.out);
+  ::kill(q.pid, SIGKILL);
+  while (::waitpid(q.pid, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  q.pid = -1;
+}
+
+// What the query printed (stdout), or nullopt when it failed or gave no
+// answer within `timeout` from now.
+std::optional<std::string> finish_query(Query& q, std::chrono::milliseconds timeout) {
   std::string text;
   const auto until = std::chrono::steady_clock::now() + timeout;
-  ::fcntl(out[0], F_SETFL, O_NONBLOCK);
   bool done = false;
   // Woken by the answer itself, not by a polling interval: every launch with
   // a running daemon waits for one of these (docs/results.md, Fig. 11a).
@@ -611,20 +636,33 @@ std::optional<std::string> control_client(const Binary& bin, const std::string& 
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now()).count();
     if (left <= 0) break;
-    pollfd pfd{out[0], POLLIN, 0};
+    pollfd pfd{q.out, POLLIN, 0};
     if (::poll(&pfd, 1, static_cast<int>(left) + 1) < 0 && errno != EINTR) break;
     char buf[4096];
-    const ssize_t n = ::read(out[0], buf, sizeof buf);
+    const ssize_t n = ::read(q.out, buf, sizeof buf);
     if (n > 0) text.append(buf, static_cast<std::size_t>(n));
     else if (n == 0) done = true;
     else if (errno != EAGAIN && errno != EINTR) done = true;
   }
-  ::close(out[0]);
-  if (!done) ::kill(pid, SIGKILL);
+  if (!done) {
+    abandon_query(q);
+    return std::nullopt;
+  }
+  ::close(q.out);
   int status = 0;
-  ::waitpid(pid, &status, 0);
-  if (!done || !WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
+  while (::waitpid(q.pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  q.pid = -1;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
   return text;
+}
+
+constexpr std::chrono::milliseconds kQueryTimeout{3000};
+
+std::optional<std::string> control_client(const Binary& bin, const std::string& commands) {
+  auto q = start_query(bin, commands);
+  if (!q) return std::nullopt;
+  return finish_query(*q, kQueryTimeout);
 }
 
 std::vector<long> numbers(const std::string& text) {
@@ -647,34 +685,69 @@ std::vector<long> numbers(const std::string& text) {
 }  // namespace
 
 namespace {
-std::vector<Server> list_servers(const Options& opts, bool other_users_only) {
-  std::vector<Server> out;
-  if (!daemon_running(pipe_directory())) return out;
-  Binary bin;
+// The control program, or nullopt when it cannot be found: then nobody can
+// run a server to ask about either.
+std::optional<Binary> query_binary(const Options& opts) {
   try {
-    bin = resolve_binary(opts);
+    return resolve_binary(opts);
   } catch (const Error&) {
-    return out;
+    return std::nullopt;
   }
-  const auto list = control_client(bin, "get_server_list\n", std::chrono::milliseconds(3000));
-  if (!list) return out;
-  for (long pid : numbers(*list)) {
+}
+
+// The servers a get_server_list answer names, each asked for its clients.
+std::vector<Server> servers_listed(const Binary& bin, const std::string& list, bool other_users_only) {
+  std::vector<Server> out;
+  for (long pid : numbers(list)) {
     struct stat st {};
     if (pid <= 0 || ::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0) continue;
     if (other_users_only && st.st_uid == ::getuid()) continue;
     Server s{static_cast<pid_t>(pid), st.st_uid, 0};
-    if (const auto clients = control_client(bin, "get_client_list " + std::to_string(pid) + "\n",
-                                            std::chrono::milliseconds(3000)))
+    if (const auto clients = control_client(bin, "get_client_list " + std::to_string(pid) + "\n"))
       s.clients = static_cast<unsigned>(numbers(*clients).size());
     out.push_back(s);
   }
   return out;
+}
+
+std::vector<Server> list_servers(const Options& opts, bool other_users_only) {
+  if (!daemon_running(pipe_directory())) return {};
+  const auto bin = query_binary(opts);
+  if (!bin) return {};
+  const auto list = control_client(*bin, "get_server_list\n");
+  if (!list) return {};
+  return servers_listed(*bin, *list, other_users_only);
 }
 }  // namespace
 
 std::vector<Server> servers(const Options& opts) { return list_servers(opts, false); }
 
 std::vector<Server> other_users_servers(const Options& opts) { return list_servers(opts, true); }
+
+struct OtherUsersCheck::Impl {
+  Options opts;
+  std::optional<Binary> bin;
+  std::optional<Query> query;
+};
+
+OtherUsersCheck::OtherUsersCheck(const Options& opts) : impl_(std::make_unique<Impl>()) {
+  impl_->opts = opts;
+  if (!daemon_running(pipe_directory())) return;
+  impl_->bin = query_binary(opts);
+  if (impl_->bin) impl_->query = start_query(*impl_->bin, "get_server_list\n");
+}
+
+OtherUsersCheck::~OtherUsersCheck() {
+  if (impl_ && impl_->query) abandon_query(*impl_->query);
+}
+
+std::vector<Server> OtherUsersCheck::servers() {
+  if (!impl_->query) return other_users_servers(impl_->opts);
+  const auto list = finish_query(*impl_->query, kQueryTimeout);
+  impl_->query.reset();
+  if (!list) return {};
+  return servers_listed(*impl_->bin, *list, true);
+}
 
 std::string started_message(const EnsureResult& r) {
   if (!r.started) return {};

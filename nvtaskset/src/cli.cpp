@@ -337,9 +337,6 @@ std::string self_exe() {
   std::exit(err == ENOENT ? 127 : 126);
 }
 
-// The MPS daemon inherits our environment. It must never load the shim nor
-// carry a partition, which it would when nvtaskset itself runs inside a
-// partitioned task.
 // The items of a loader list (LD_LIBRARY_PATH, LD_PRELOAD): separated by
 // ':' or ' ', as ld.so reads them; empty items dropped.
 std::vector<std::string> loader_list(std::string_view value) {
@@ -356,6 +353,9 @@ std::vector<std::string> loader_list(std::string_view value) {
   return out;
 }
 
+// The MPS daemon inherits our environment. It must never load the shim nor
+// carry a partition, which it would when nvtaskset itself runs inside a
+// partitioned task.
 void scrub_shim_environment(const std::string& shim_dir) {
   ::unsetenv(kPartitionEnv);
   for (const char* var : {"LD_LIBRARY_PATH", "LD_PRELOAD"}) {
@@ -531,12 +531,12 @@ void check_syntax(const Options& o) {
 // waits, silently, until every client of the served user has exited (13 s
 // instead of 0.25 s in one run; docs/hardware.md, "MPS"). Never silently:
 // say so in one line, then wait or fail (NVTASKSET_MPS_OTHER_USER).
-void check_mps_user() {
+void check_mps_user(mps::OtherUsersCheck& check) {
   const ChoiceValue policy = choice(Option::kMpsOtherUser);
   if (policy.unknown)
     spdlog::warn("{}={}: unknown value ({}); using wait", option(Option::kMpsOtherUser).name, printable(policy.value),
                  option(Option::kMpsOtherUser).choices);
-  for (const mps::Server& sv : mps::other_users_servers()) {
+  for (const mps::Server& sv : check.servers()) {
     if (sv.clients == 0) continue;
     const std::string who = "the MPS server (pid " + std::to_string(sv.pid) + ") serves user " + user_name(sv.uid) +
                             " with " + std::to_string(sv.clients) + " client" + (sv.clients == 1 ? "" : "s");
@@ -571,6 +571,15 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
     throw Failure("cannot find the shim libcuda.so.1 (looked in ../" NVTASKSET_SHIM_RELDIR
                   " next to nvtaskset; set NVTASKSET_SHIM_DIR)");
   refuse_preloaded_driver(env);
+  // Whom the MPS server serves is asked now and read once the partition is
+  // planned: the control program's run (about 2 ms) overlaps the planning.
+  // The environment it inherits is the daemon's: without the shim, and
+  // before the driver query changes CUDA_MPS_PIPE_DIRECTORY.
+  std::optional<mps::OtherUsersCheck> users_check;
+  if (!o.no_mps) {
+    scrub_shim_environment(shim_dir);
+    users_check.emplace();
+  }
   Devices devices(shim_copies(shim_dir), o.topology_file);
   if (requests.size() > ctl::kMaxDevices)
     throw Failure("at most " + std::to_string(ctl::kMaxDevices) + " GPUs can be partitioned per task");
@@ -589,11 +598,10 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
   };
   std::vector<Choice> chosen = plan();
   devices.restore_environment();
-  if (!o.no_mps) {
-    scrub_shim_environment(shim_dir);
+  if (users_check) {
     const mps::EnsureResult r = mps::ensure_daemon();
     if (r.started) std::fprintf(stderr, "%s\n", mps::started_message(r).c_str());
-    check_mps_user();
+    check_mps_user(*users_check);
   }
   // The public entry, before exec (which keeps the PID and start time): the
   // next `-n` must see these TPCs taken even before the task loads CUDA.

@@ -263,6 +263,67 @@ TEST_F(MpsTest, OtherUsersServersSkipsThisUsersOwnServer) {
   EXPECT_NE(read_file(fs::path(log_) / "control.log").find("command: get_client_list"), std::string::npos);
 }
 
+// A launch asks whom the server serves before it plans the partition and
+// reads the answer after, so the control program runs meanwhile (docs/
+// results.md, Fig. 11a).
+TEST_F(MpsTest, OtherUsersCheckAsksAtOnceAndReadsLater) {
+  ::setenv("FAKE_MPS_SERVERS", (std::to_string(::getpid()) + ":2").c_str(), 1);
+  mps::EnsureResult r = mps::ensure_daemon(fake_opts());
+  ::unsetenv("FAKE_MPS_SERVERS");
+  ASSERT_TRUE(r.started);
+  const fs::path log = fs::path(log_) / "control.log";
+  mps::OtherUsersCheck check(fake_opts());
+  bool asked = false;
+  for (auto end = std::chrono::steady_clock::now() + 5s; !asked && std::chrono::steady_clock::now() < end;
+       std::this_thread::sleep_for(5ms))
+    asked = read_file(log).find("command: get_server_list") != std::string::npos;
+  EXPECT_TRUE(asked) << "the query runs before its answer is read";
+  EXPECT_TRUE(check.servers().empty()) << "this user's own server makes nobody wait";
+  EXPECT_EQ(read_file(log).find("command: get_client_list"), std::string::npos);
+}
+
+// No daemon when the check was made (nvtaskset starts one after planning):
+// the answer is asked for when it is read, never assumed empty.
+TEST_F(MpsTest, OtherUsersCheckAsksAnewWhenTheDaemonCameLater) {
+  mps::OtherUsersCheck check(fake_opts());
+  ::setenv("FAKE_MPS_SERVERS", (std::to_string(::getpid()) + ":1").c_str(), 1);
+  mps::EnsureResult r = mps::ensure_daemon(fake_opts());
+  ::unsetenv("FAKE_MPS_SERVERS");
+  ASSERT_TRUE(r.started);
+  EXPECT_TRUE(check.servers().empty());
+  EXPECT_NE(read_file(fs::path(log_) / "control.log").find("command: get_server_list"), std::string::npos);
+}
+
+// A launch that fails while planning never reads its check: the control
+// program it started is killed and reaped, not left behind for the task.
+TEST_F(MpsTest, AnUnreadCheckLeavesNoProcessBehind) {
+  ASSERT_TRUE(mps::ensure_daemon(fake_opts()).started);
+  const fs::path hang = tmp_ / "hang";
+  std::ofstream(hang) << "#!/bin/sh\nexec sleep 30\n";
+  fs::permissions(hang, fs::perms::owner_all);
+  mps::Options o = fake_opts();
+  o.control_binary = hang.string();
+  auto children = [] {
+    int n = 0;
+    for (const auto& e : fs::directory_iterator("/proc")) {
+      const std::string name = e.path().filename().string();
+      if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+      const std::string stat = read_file(e.path() / "stat");
+      const size_t paren = stat.rfind(')');
+      if (paren != std::string::npos && std::atoi(stat.c_str() + paren + 4) == ::getpid()) ++n;
+    }
+    return n;
+  };
+  const int before = children();
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    mps::OtherUsersCheck check(o);
+    EXPECT_EQ(children(), before + 1) << "the query runs";
+  }
+  EXPECT_EQ(children(), before) << "killed and reaped";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 3s);
+}
+
 TEST_F(MpsTest, AlreadyRunningDaemonIsUsedWithoutStartingAnother) {
   fs::create_directories(pipe_);
   int s = listen_at(pipe_ + "/control", SOCK_SEQPACKET);

@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -86,6 +87,26 @@ std::vector<Server> servers(const Options& opts = {});
 // asked for their clients, which saves one run of the control program each
 // (a few ms of every launch's start-up, docs/results.md Fig. 11a).
 std::vector<Server> other_users_servers(const Options& opts = {});
+
+// other_users_servers(), asked early and read late: the construction starts
+// the control program's `get_server_list` when a daemon answers, and
+// servers() reads its answer, so the program runs (about 2 ms, docs/results.md
+// Fig. 11a) while the caller plans the partition. servers() waits at most a
+// few seconds from its call, however long ago the query started, and asks
+// anew when no daemon answered at the start. A query never read is killed
+// and reaped by the destructor.
+class OtherUsersCheck {
+ public:
+  explicit OtherUsersCheck(const Options& opts = {});
+  ~OtherUsersCheck();
+  OtherUsersCheck(const OtherUsersCheck&) = delete;
+  OtherUsersCheck& operator=(const OtherUsersCheck&) = delete;
+  std::vector<Server> servers();  // a second call asks anew
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 namespace detail {
 // Where log_directory() looks, injectable so tests can make the system
