@@ -506,9 +506,11 @@ def section_startup():
                "--summary-csv", os.path.join(OUT, f"startup{tag}_summary.csv"),
                "--log", os.path.join(LOGS, f"startup{tag}.log"), "--budget-s", str(int(budget)), "--timeout-s", "60"]
         holder = None
+        # mps-client-q (an MPS client with nvtaskset's hardware queues) splits nvtaskset's own cost from the
+        # queues'. The cold configuration is left out when held: it stops the MPS daemon, which the holder does
+        # not need.
+        cmd += ["--configs", "plain,nvt-nomps," + ("" if held else "nvt-cold,") + "mps-client,nvt-warm,mps-client-q"]
         if held:
-            # The cold configuration is left out: it stops the MPS daemon, which the holder does not need.
-            cmd += ["--configs", "plain,nvt-nomps,mps-client,nvt-warm"]
             holder = subprocess.Popen([os.path.join(BIN, "cuda/first_kernel"), "--hold"], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True)
             if not holder.stdout.readline().startswith("first_kernel"):

@@ -124,9 +124,10 @@ def fig_startup(out):
     if not rows:
         return None
     summ = {r["config"]: r for r in (read_csv("startup_summary.csv") or [])}
-    order = [c for c in ["plain", "mps-client", "nvt-nomps", "nvt-warm", "nvt-cold"] if any(r["config"] == c for r in rows)]
-    names = {"plain": "plain", "mps-client": "MPS client", "nvt-nomps": "nvtaskset\n--no-mps",
-             "nvt-warm": "nvtaskset\n(MPS warm)", "nvt-cold": "nvtaskset\n(MPS cold)"}
+    order = [c for c in ["plain", "mps-client", "mps-client-q", "nvt-nomps", "nvt-warm", "nvt-cold"]
+             if any(r["config"] == c for r in rows)]
+    names = {"plain": "plain", "mps-client": "MPS client", "mps-client-q": "MPS client,\nnvtaskset's\nqueues",
+             "nvt-nomps": "nvtaskset\n--no-mps", "nvt-warm": "nvtaskset\n(MPS warm)", "nvt-cold": "nvtaskset\n(MPS cold)"}
     ok = [r for r in rows if r["ok"] == "1"]
     data = [[num(r["spawn_to_kernel_ms"]) for r in ok if r["config"] == c] for c in order]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw=dict(width_ratios=[3, 2]))

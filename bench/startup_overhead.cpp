@@ -2,12 +2,14 @@
 // Start-up overhead (paper Fig. 11a): the time from exec to the first kernel
 // running, for a plain process, an MPS client, `nvtaskset --no-mps -t LIST`,
 // `nvtaskset -t LIST` with the MPS daemon warm, and with it cold (stopped
-// before the run, so nvtaskset starts it). The sharing issue's target,
+// before the run, so nvtaskset starts it); optionally (mps-client-q) an MPS
+// client given the hardware queues nvtaskset gives its tasks, which splits
+// nvtaskset's own cost from the queues'. The sharing issue's target,
 // start-up under nvtaskset (MPS warm, cached topology) <= 1.05x plain, is the
 // ratio this prints last.
 //
 //   bench_startup --child first_kernel --nvtaskset PATH [--list 0-32] [--rounds 100]
-//                 [--configs plain,nvt-nomps,nvt-cold,mps-client,nvt-warm] [--csv FILE]
+//                 [--configs plain,nvt-nomps,nvt-cold,mps-client,nvt-warm[,mps-client-q]] [--csv FILE]
 //                 [--summary-csv FILE] [--log FILE] [--budget-s S] [--timeout-s T] [--seed N]
 //                 [--mps-control nvidia-cuda-mps-control]
 //
@@ -47,6 +49,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <string_view>
@@ -179,6 +182,7 @@ struct Config {
   bool mps = false;   // runs as an MPS client
   bool cold = false;  // the daemon is stopped before it
   std::vector<std::string> prefix;
+  std::vector<std::pair<std::string, std::string>> env;  // set for its runs only
   std::vector<RunResult> runs;
   std::vector<int> rounds;
 };
@@ -201,7 +205,7 @@ double median(const std::vector<double>& v) {
 int usage() {
   std::fprintf(stderr,
                "usage: bench_startup --child FIRST_KERNEL --nvtaskset PATH [--list LIST] [--rounds N]\n"
-               "                     [--configs plain,nvt-nomps,nvt-cold,mps-client,nvt-warm] [--csv FILE]\n"
+               "                     [--configs plain,nvt-nomps,nvt-cold,mps-client,nvt-warm[,mps-client-q]] [--csv FILE]\n"
                "                     [--summary-csv FILE] [--log FILE] [--budget-s S] [--timeout-s T] [--seed N]\n"
                "                     [--mps-control PROGRAM]\n");
   return 2;
@@ -246,11 +250,17 @@ int main(int argc, char** argv) {
 
   std::vector<Config> configs;
   auto want = [&](const std::string& n) { return ("," + wanted + ",").find("," + n + ",") != std::string::npos; };
-  if (want("plain")) configs.push_back({"plain", false, false, {}, {}, {}});
-  if (want("nvt-nomps")) configs.push_back({"nvt-nomps", false, false, {nv, "--no-mps", "-t", list}, {}, {}});
-  if (want("nvt-cold")) configs.push_back({"nvt-cold", true, true, {nv, "-t", list}, {}, {}});
-  if (want("mps-client")) configs.push_back({"mps-client", true, false, {}, {}, {}});
-  if (want("nvt-warm")) configs.push_back({"nvt-warm", true, false, {nv, "-t", list}, {}, {}});
+  if (want("plain")) configs.push_back({"plain", false, false, {}, {}, {}, {}});
+  if (want("nvt-nomps")) configs.push_back({"nvt-nomps", false, false, {nv, "--no-mps", "-t", list}, {}, {}, {}});
+  if (want("nvt-cold")) configs.push_back({"nvt-cold", true, true, {nv, "-t", list}, {}, {}, {}});
+  if (want("mps-client")) configs.push_back({"mps-client", true, false, {}, {}, {}, {}});
+  if (want("nvt-warm")) configs.push_back({"nvt-warm", true, false, {nv, "-t", list}, {}, {}, {}});
+  // An MPS client with the queues nvtaskset gives its tasks (docs/hardware.md,
+  // "MPS"): nvt-warm against it is nvtaskset's own cost (CLI and shim),
+  // mps-client against it the cost of the queues.
+  if (want("mps-client-q"))
+    configs.push_back({"mps-client-q", true, false, {},
+                       {{"CUDA_DEVICE_MAX_CONNECTIONS", "8"}, {"CUDA_DEVICE_MAX_COPY_CONNECTIONS", "4"}}, {}, {}});
   if (configs.empty()) return usage();
   auto argv_of = [&](const Config& c) {
     std::vector<std::string> a = c.prefix;
@@ -313,7 +323,17 @@ int main(int argc, char** argv) {
       bool ctl = false, srv = false;
       mps_processes(&ctl, &srv);
       if (c.mps && !c.cold && !srv) ++server_missing;
+      std::vector<std::optional<std::string>> saved;
+      for (const auto& [k, v] : c.env) {
+        const char* was = std::getenv(k.c_str());
+        saved.push_back(was ? std::optional<std::string>(was) : std::nullopt);
+        ::setenv(k.c_str(), v.c_str(), 1);
+      }
       const RunResult res = run_child(argv_of(c), log_fd, timeout_s);
+      for (size_t i = 0; i < c.env.size(); ++i) {
+        if (saved[i]) ::setenv(c.env[i].first.c_str(), saved[i]->c_str(), 1);
+        else ::unsetenv(c.env[i].first.c_str());
+      }
       c.runs.push_back(res);
       c.rounds.push_back(r);
       if (f)
@@ -350,7 +370,7 @@ int main(int argc, char** argv) {
   std::printf("startup: exec -> first kernel running, in ms; %d rounds, configurations interleaved (order shuffled "
               "per round; outside-MPS runs with no MPS daemon at all)\n",
               done_rounds);
-  std::printf("%-11s %5s %5s %9s %9s %9s %9s %8s %8s %12s %13s\n", "config", "n", "fails", "min", "median", "p99",
+  std::printf("%-12s %5s %5s %9s %9s %9s %9s %8s %8s %12s %13s\n", "config", "n", "fails", "min", "median", "p99",
               "max", "x plain", "paired", "exec->main", "main->kernel");
   FILE* sf = summary_csv.empty() ? nullptr : std::fopen(summary_csv.c_str(), "w");
   if (sf)
@@ -373,7 +393,7 @@ int main(int argc, char** argv) {
     ratio[c.name] = med / plain_med;
     paired_ratio[c.name] = median(paired);
     const double e2m = median(ok_values(c, &RunResult::spawn_to_main_ms));
-    std::printf("%-11s %5zu %5zu %9.2f %9.2f %9.2f %9.2f %7.3fx %7.3fx %12.2f %13.2f\n", c.name.c_str(), v.size(), fails,
+    std::printf("%-12s %5zu %5zu %9.2f %9.2f %9.2f %9.2f %7.3fx %7.3fx %12.2f %13.2f\n", c.name.c_str(), v.size(), fails,
                 pct(v, 0), med, pct(v, 0.99), pct(v, 1), ratio[c.name], paired_ratio[c.name], e2m, median(m2k));
     if (sf)
       std::fprintf(sf, "%s,%zu,%zu,%.3f,%.3f,%.3f,%.3f,%.4f,%.4f,%.3f,%.3f\n", c.name.c_str(), v.size(), fails, pct(v, 0),
@@ -386,6 +406,9 @@ int main(int argc, char** argv) {
   if (server_missing) std::printf("note: %d warm runs found no MPS server process running before them\n", server_missing);
   if (ratio.count("nvt-warm") && ratio.count("mps-client"))
     std::printf("nvtaskset (MPS warm) / MPS client: %.3fx\n", med_of["nvt-warm"] / med_of["mps-client"]);
+  if (ratio.count("nvt-warm") && ratio.count("mps-client-q"))
+    std::printf("nvtaskset (MPS warm) / MPS client with its queues: %.3fx (nvtaskset's own cost: CLI and shim)\n",
+                med_of["nvt-warm"] / med_of["mps-client-q"]);
   if (ratio.count("nvt-warm") && plain_c)
     std::printf("startup under nvtaskset (MPS warm, cached topology) / plain: %.3fx (medians; median of per-round "
                 "ratios %.3fx; target <= 1.05x)\n",
