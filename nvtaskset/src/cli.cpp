@@ -572,7 +572,8 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
                   " next to nvtaskset; set NVTASKSET_SHIM_DIR)");
   refuse_preloaded_driver(env);
   // Whom the MPS server serves is asked now and read once the partition is
-  // planned: the control program's run (about 2 ms) overlaps the planning.
+  // planned: the control program's run overlaps the planning (which hid most
+  // of its 0.7 ms on an H100 and an H200; docs/results.md, Fig. 11a).
   // The environment it inherits is the daemon's: without the shim, and
   // before the driver query changes CUDA_MPS_PIPE_DIRECTORY.
   std::optional<mps::OtherUsersCheck> users_check;
