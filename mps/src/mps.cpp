@@ -682,9 +682,6 @@ std::vector<long> numbers(const std::string& text) {
   return out;
 }
 
-}  // namespace
-
-namespace {
 // The control program, or nullopt when it cannot be found: then nobody can
 // run a server to ask about either.
 std::optional<Binary> query_binary(const Options& opts) {
