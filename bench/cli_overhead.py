@@ -57,6 +57,8 @@ def main():
     configs = {"true": ([TRUE], None), "get_server_list": ([ctl], "get_server_list\n")}
     for tag, b in builds.items():
         nv = os.path.join(b, "nvt/bin/nvtaskset")
+        if not os.access(nv, os.X_OK):
+            raise SystemExit(f"cli_overhead: {nv} is not an executable (is {b} a bench/build_eval.sh output?)")
         configs["nvtaskset --version" + tag] = ([nv, "--version"], None)
         configs["nvtaskset --no-mps" + tag] = ([nv, "--no-mps", "-t", a.tpcs, TRUE], None)
         configs["nvtaskset (MPS warm)" + tag] = ([nv, "-t", a.tpcs, TRUE], None)
