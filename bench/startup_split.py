@@ -17,7 +17,9 @@ driver does not bring the GPU up for each run.
 --channels: instead, split the cost of the hardware channels: CUDA_DEVICE_MAX_CONNECTIONS (compute
 and copy connections) against CUDA_DEVICE_MAX_COPY_CONNECTIONS (copy connections alone), outside
 MPS and as MPS clients; then count how many clients holding their context one MPS server admits
-at each setting (up to 48).
+at each setting (up to 48; --no-capacity skips this).
+--server-env NAME=VALUE (repeatable): the MPS control daemon, so every server it starts, gets this
+in its environment; the clients' environments are as before.
 """
 import argparse
 import os
@@ -39,9 +41,12 @@ def run(cmd, env):
     return (int(m.group(3)) - int(m.group(1))) / 1e6
 
 
-def mps(cmd):
+def mps(cmd, server_env=None):
+    e = dict(os.environ)
+    e.update(server_env or {})
     subprocess.run(["nvidia-cuda-mps-control"] + (["-d"] if cmd == "start" else []),
-                   input=None if cmd == "start" else "quit\n", text=True, capture_output=True, timeout=30)
+                   input=None if cmd == "start" else "quit\n", text=True, capture_output=True, timeout=30,
+                   env=e)
     time.sleep(1.0)
 
 
@@ -50,8 +55,17 @@ def main():
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--hold", action="store_true", help="keep the GPU open from another process meanwhile")
     ap.add_argument("--channels", action="store_true", help="split compute and copy connections' cost")
+    ap.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
+                    help="start the MPS control daemon (so its servers) with this in its environment")
+    ap.add_argument("--no-capacity", action="store_true", help="with --channels, skip counting clients")
     ap.add_argument("bin", nargs="?", default=".dev/eval")
     a = ap.parse_args()
+    server_env = {}
+    for kv in a.server_env:
+        name, sep, value = kv.partition("=")
+        if not sep or not name:
+            ap.error(f"--server-env {kv!r}: expected NAME=VALUE")
+        server_env[name] = value
     child = os.path.join(a.bin, "cuda/first_kernel")
     nv = os.path.join(a.bin, "nvt/bin/nvtaskset")
     shim = os.path.join(a.bin, "nvt/lib/nvtaskset")
@@ -73,6 +87,8 @@ def main():
         mps_configs = {("mps client " + k).strip(): ([child], env) for k, env in channel_settings.items()}
         mps_configs["nvtaskset -t 0-32 (mps)"] = ([nv, "-t", "0-32", child], {})
         mps_configs["nvtaskset -t 0-32 (mps) copy2"] = ([nv, "-t", "0-32", child], {copy: "2"})
+        mps_configs["nvtaskset -t 0-32 (mps) conn4"] = ([nv, "-t", "0-32", child], {conn: "4"})
+        mps_configs["nvtaskset -t 0-32 (mps) conn2"] = ([nv, "-t", "0-32", child], {conn: "2"})
     else:
         configs = {
             "plain": ([child], {}),
@@ -104,9 +120,9 @@ def main():
     try:
         mps("stop")
         measure(configs)
-        mps("start")
+        mps("start", server_env)
         measure(mps_configs)
-        if a.channels:
+        if a.channels and not a.no_capacity:
             admitted = {k: capacity(child, channel_settings[k]) for k in ("", "conn8", "conn8 copy4", "conn4")}
         mps("stop")
     finally:
@@ -120,7 +136,9 @@ def main():
         for k in group:
             med = statistics.median(times[k])
             print(f"  {k:34s} {med:8.1f}  {med / b:6.3f}x {base}")
-    if a.channels:
+    if server_env:
+        print("MPS control daemon started with " + " ".join(f"{k}={v}" for k, v in server_env.items()))
+    if a.channels and not a.no_capacity:
         print(f"MPS clients one server admitted, each holding its context (up to {CAPACITY_MAX}):")
         for k, n in admitted.items():
             print(f"  {k or 'default':34s} {n}")
