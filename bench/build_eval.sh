@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Builds everything bench/run_eval.sh runs on a GPU machine into one directory
 # (default .dev/eval), to be carried there:
-#   DIR/cuda/{first_kernel,launch_latency,gpuwork,persistent}   the CUDA programs of bench/cuda/ (nvcc)
+#   DIR/cuda/{first_kernel,launch_latency,gpuwork,persistent,copy_pipeline}   the CUDA programs of bench/cuda/ (nvcc)
 #   DIR/nvt/bin/nvtaskset, DIR/nvt/lib/nvtaskset/                nvtaskset and its shim (stripped copies
 #   DIR/nvt/bench/{bench_startup,bench_persistent}              of a CMake build, same layout as install)
 #
@@ -21,6 +21,7 @@ flags=(-arch="$ARCH" -O2 -std=c++17 -lineinfo)
 "$NVCC" "${flags[@]}" -o "$DIR/cuda/launch_latency" bench/cuda/launch_latency.cu
 "$NVCC" "${flags[@]}" -o "$DIR/cuda/gpuwork" bench/cuda/gpuwork.cu -lcuda
 "$NVCC" "${flags[@]}" -o "$DIR/cuda/persistent" bench/cuda/persistent.cu
+"$NVCC" "${flags[@]}" -o "$DIR/cuda/copy_pipeline" bench/cuda/copy_pipeline.cu
 cmake --build "$BUILD" --target nvtaskset nvtaskset_shim bench_startup bench_persistent
 install -m 755 -s "$BUILD/bin/nvtaskset" "$DIR/nvt/bin/nvtaskset"
 rm -rf "$DIR/nvt/lib/nvtaskset"

@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""What the number of hardware copy queues an MPS client gets costs a program that overlaps copies
+with kernels on several streams (bench/cuda/copy_pipeline.cu), side by side in one run.
+
+nvtaskset gives its MPS clients 8 kernel queues and 4 copy queues (a plain process's); fewer copy
+queues start faster (docs/hardware.md, "MPS"). This shows what they cost afterwards: each
+configuration runs copy_pipeline, configurations interleaved round by round; it prints the median
+time and its ratio to an MPS client with nvtaskset's queues (CUDA_DEVICE_MAX_CONNECTIONS=8
+CUDA_DEVICE_MAX_COPY_CONNECTIONS=4), and the median bandwidth.
+
+    python3 bench/copy_queues.py [--rounds N] [--streams S] [--chunk-mb M] [--kernel-us U] [BIN]
+    (BIN: what bench/build_eval.sh built, default .dev/eval)
+
+It stops any MPS control daemon for the plain runs, starts one for the rest and stops it again.
+"""
+import argparse
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import time
+
+CONN = "CUDA_DEVICE_MAX_CONNECTIONS"
+COPY = "CUDA_DEVICE_MAX_COPY_CONNECTIONS"
+
+
+def run(cmd, env):
+    e = dict(os.environ)
+    e.update(env)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=e)
+    m = re.search(r" ms ([0-9.]+) gbps ([0-9.]+)", p.stdout)
+    if p.returncode != 0 or not m:
+        raise RuntimeError(f"{' '.join(cmd)}: rc={p.returncode} {p.stderr.strip()[-300:]}")
+    return float(m.group(1)), float(m.group(2))
+
+
+def mps(cmd):
+    subprocess.run(["nvidia-cuda-mps-control"] + (["-d"] if cmd == "start" else []),
+                   input=None if cmd == "start" else "quit\n", text=True, capture_output=True, timeout=30)
+    time.sleep(1.0)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--streams", type=int, default=8)
+    ap.add_argument("--chunk-mb", type=int, default=16)
+    ap.add_argument("--kernel-us", type=int, default=500)
+    ap.add_argument("bin", nargs="?", default=".dev/eval")
+    a = ap.parse_args()
+    prog = os.path.join(a.bin, "cuda/copy_pipeline")
+    nv = os.path.join(a.bin, "nvt/bin/nvtaskset")
+    for path in (prog, nv):
+        if not os.access(path, os.X_OK):
+            sys.exit(f"copy_queues.py: {path}: not found; build it with bench/build_eval.sh {a.bin}")
+    pipe = [prog, "--streams", str(a.streams), "--chunk-mb", str(a.chunk_mb), "--kernel-us", str(a.kernel_us)]
+    plain = {"plain process": (pipe, {})}
+    clients = {
+        "mps client": (pipe, {}),
+        "mps client copy4 (nvtaskset's)": (pipe, {CONN: "8", COPY: "4"}),
+        "mps client copy2": (pipe, {CONN: "8", COPY: "2"}),
+        "mps client copy1": (pipe, {CONN: "8", COPY: "1"}),
+        "nvtaskset -t 0-32": ([nv, "-t", "0-32"] + pipe, {}),
+        "nvtaskset -t 0-32, copy2": ([nv, "-t", "0-32"] + pipe, {COPY: "2"}),
+    }
+    base = "mps client copy4 (nvtaskset's)"
+    res = {k: [] for k in list(plain) + list(clients)}
+
+    def measure(group):
+        for k, (cmd, env) in group.items():  # warm-up
+            run(cmd, env)
+        for _ in range(a.rounds):
+            order = list(group)
+            random.shuffle(order)
+            for k in order:
+                res[k].append(run(*group[k]))
+
+    try:
+        mps("stop")
+        measure(plain)
+        mps("start")
+        measure(clients)
+    finally:
+        mps("stop")
+    print(f"copy_pipeline, {a.streams} streams, {a.chunk_mb} MiB in and out per stream, {a.kernel_us} us kernels "
+          f"(median of {a.rounds}, interleaved)")
+    b = statistics.median(t for t, _ in res[base])
+    for k in res:
+        t = statistics.median(x for x, _ in res[k])
+        g = statistics.median(y for _, y in res[k])
+        print(f"  {k:32s} {t:9.1f} ms  {t / b:6.3f}x  {g:7.2f} GB/s")
+
+
+if __name__ == "__main__":
+    main()
