@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
-// The public status entries (status.hpp). Files are written whole under a
-// fresh name and renamed over the task's entry, so a reader sees the old or
-// the new entry, never a mix.
+// The public status entries (status.hpp). An entry is written whole under a
+// temporary name that readers skip, then renamed over the task's entry, so a
+// reader sees the old or the new entry at every moment: never a mix, and
+// never neither (a new file beside the old one, then the old one removed,
+// would let a directory scan miss both; a lock-free choice would then take
+// the task's TPCs for free).
 #include "nvtaskset/status.hpp"
 
 #include <dirent.h>
@@ -25,6 +28,9 @@ namespace nvtaskset::ctl {
 namespace {
 
 constexpr const char* kPrefix = "nvtaskset-status.";
+// "<prefix><pid>.<16 hex>" is the entry of task <pid>; with this suffix, an
+// entry being written by process <pid>.
+constexpr const char* kTempSuffix = ".new";
 constexpr const char* kFormat = "nvtaskset-status 1";
 // An entry holds at most kMaxDevices partitions of ~150 bytes.
 constexpr off_t kMaxEntryBytes = 16384;
@@ -62,8 +68,10 @@ std::optional<uid_t> process_uid(pid_t pid) {
 struct File {
   std::string name;
   pid_t pid = 0;
+  bool temp = false;  // being written by process `pid` (or left by one that died)
 };
 
+// Entries and temporary files, by name.
 std::vector<File> entry_files(const std::string& dir) {
   std::vector<File> out;
   DIR* d = ::opendir(dir.c_str());
@@ -72,8 +80,11 @@ std::vector<File> entry_files(const std::string& dir) {
   while (const dirent* e = ::readdir(d)) {
     const std::string name = e->d_name;
     if (name.compare(0, plen, kPrefix) != 0) continue;
-    // "<pid>.<16 hex>"
-    const std::string rest = name.substr(plen);
+    // "<pid>.<16 hex>", or that and kTempSuffix
+    std::string rest = name.substr(plen);
+    const std::size_t tlen = std::strlen(kTempSuffix);
+    const bool temp = rest.size() > tlen && rest.compare(rest.size() - tlen, tlen, kTempSuffix) == 0;
+    if (temp) rest.resize(rest.size() - tlen);
     const auto dot = rest.find('.');
     if (dot == std::string::npos || dot == 0 || dot > 10 || rest.size() - dot - 1 != 16) continue;
     pid_t pid = 0;
@@ -82,7 +93,7 @@ std::vector<File> entry_files(const std::string& dir) {
       if (rest[i] < '0' || rest[i] > '9') ok = false;
       else pid = pid * 10 + (rest[i] - '0');
     }
-    if (ok && pid > 0) out.push_back({name, pid});
+    if (ok && pid > 0) out.push_back({name, pid, temp});
   }
   ::closedir(d);
   return out;
@@ -165,7 +176,10 @@ std::string publish_status(pid_t pid, const std::vector<DevicePartition>& partit
   if (start == 0 || !uid) return "pid " + std::to_string(pid) + " is gone";
   std::string text = std::string(kFormat) + "\npid " + std::to_string(pid) + "\nstart " + std::to_string(start) +
                      "\npartitions " + encode_partitions(partitions) + "\n";
-  const std::string tmp = dir + "/" + kPrefix + std::to_string(pid) + "." + random_hex();
+  const std::string base = dir + "/" + kPrefix + std::to_string(pid) + ".";
+  // Named for the writer (a `-p` writer is not the task): if it dies before
+  // the rename, readers clean the file up once it is gone.
+  const std::string tmp = dir + "/" + kPrefix + std::to_string(::getpid()) + "." + random_hex() + kTempSuffix;
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return tmp + ": " + std::strerror(errno);
   // Root writing for another user's task: the entry must be the task's
@@ -183,10 +197,31 @@ std::string publish_status(pid_t pid, const std::vector<DevicePartition>& partit
     ::unlink(tmp.c_str());
     return tmp + ": " + std::strerror(err);
   }
-  // The new entry is complete: drop the task's older ones.
-  for (const File& f : entry_files(dir)) {
+  // The complete entry takes the name of the task's current one, which names
+  // the task at every moment; the first entry gets a fresh random name.
+  const std::vector<File> files = entry_files(dir);
+  std::string target;
+  for (const File& f : files) {
+    if (f.pid != pid || f.temp) continue;
     const std::string path = dir + "/" + f.name;
-    if (f.pid != pid || path == tmp) continue;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && may_remove(st)) {
+      target = path;
+      break;
+    }
+  }
+  if (target.empty() || ::rename(tmp.c_str(), target.c_str()) != 0) {
+    target = base + random_hex();
+    if (::rename(tmp.c_str(), target.c_str()) != 0) {
+      const int e = errno;
+      ::unlink(tmp.c_str());
+      return target + ": " + std::strerror(e);
+    }
+  }
+  // Any other entry of the task (two writers at once) goes.
+  for (const File& f : files) {
+    const std::string path = dir + "/" + f.name;
+    if (f.pid != pid || f.temp || path == target) continue;
     struct stat st {};
     if (::lstat(path.c_str(), &st) == 0 && may_remove(st)) ::unlink(path.c_str());
   }
@@ -196,7 +231,7 @@ std::string publish_status(pid_t pid, const std::vector<DevicePartition>& partit
 void withdraw_status(pid_t pid) {
   const std::string dir = status_dir();
   for (const File& f : entry_files(dir)) {
-    if (f.pid != pid) continue;
+    if (f.pid != pid || f.temp) continue;
     const std::string path = dir + "/" + f.name;
     struct stat st {};
     if (::lstat(path.c_str(), &st) == 0 && may_remove(st)) ::unlink(path.c_str());
@@ -209,6 +244,13 @@ std::vector<StatusEntry> read_status() {
   std::map<pid_t, struct timespec> newest;
   for (const File& f : entry_files(dir)) {
     const std::string path = dir + "/" + f.name;
+    if (f.temp) {
+      // Left by a writer that died before renaming it.
+      struct stat st {};
+      if (process_start_time(f.pid) == 0 && ::lstat(path.c_str(), &st) == 0 && may_remove(st))
+        ::unlink(path.c_str());
+      continue;
+    }
     const auto e = read_entry(path);
     if (!e) continue;
     const auto& [text, st] = *e;

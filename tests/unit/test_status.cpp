@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: Apache-2.0
+// The public status entries (control/status.hpp) as files: a reader never
+// misses a live task's entry while the task replaces it, which is what a
+// lock-free `-n`/`--exclusive` choice relies on (nvtaskset/src/cli.cpp,
+// settle), and a writer's leftovers go with it.
+#include "nvtaskset/status.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+
+namespace fs = std::filesystem;
+
+namespace nvtaskset::ctl {
+namespace {
+
+class StatusDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/nvtaskset-status-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    const char* old = std::getenv("NVTASKSET_STATUS_DIR");
+    if (old != nullptr) old_ = old;
+    ::setenv("NVTASKSET_STATUS_DIR", dir_.c_str(), 1);
+  }
+  void TearDown() override {
+    if (old_.empty()) ::unsetenv("NVTASKSET_STATUS_DIR");
+    else ::setenv("NVTASKSET_STATUS_DIR", old_.c_str(), 1);
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  std::vector<std::string> names() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir_)) out.push_back(e.path().filename().string());
+    return out;
+  }
+  std::string dir_, old_;
+};
+
+DevicePartition tpcs(std::initializer_list<unsigned> ids) {
+  DevicePartition dp;
+  dp.device = kAnyDevice;
+  dp.partition.kind = SpecKind::kTpcList;
+  for (unsigned k : ids) {
+    dp.partition.tpcs.insert(LogicalTpcId{k});
+    dp.partition.enabled.bits.set(k);
+  }
+  return dp;
+}
+
+const StatusEntry* find(const std::vector<StatusEntry>& v, pid_t pid) {
+  for (const auto& e : v)
+    if (e.pid == pid) return &e;
+  return nullptr;
+}
+
+// A task's shim republishes the entry its CLI wrote, and `-p` replaces it,
+// while other CLIs read the directory to see which TPCs are taken. A reader
+// that saw neither the old nor the new entry took the task's TPCs for free:
+// two `--exclusive` launches then got the same TPCs (Racing e2e test, 1 run
+// in 60 on a loaded 2-core machine, before entries were renamed into place).
+TEST_F(StatusDir, AReplacedEntryIsSeenByEveryReader) {
+  const std::vector<DevicePartition> a{tpcs({1, 3})}, b{tpcs({0, 2})};
+  ASSERT_EQ(publish_status(::getpid(), a), "");
+  std::atomic<bool> done{false};
+  std::thread writer([&] {
+    for (int i = 0; i < 3000; ++i) EXPECT_EQ(publish_status(::getpid(), i % 2 ? a : b), "");
+    done = true;
+  });
+  int reads = 0, missed = 0;
+  while (!done) {
+    const auto st = read_status();
+    ++reads;
+    const StatusEntry* e = find(st, ::getpid());
+    if (e == nullptr) ++missed;
+    else EXPECT_TRUE(e->partitions == a || e->partitions == b);
+  }
+  writer.join();
+  EXPECT_GT(reads, 100);
+  EXPECT_EQ(missed, 0) << "of " << reads << " reads";
+  // One entry, and nothing else, once the writer is done.
+  EXPECT_EQ(names().size(), 1u);
+}
+
+// An entry being written is never shown, though it says what an entry says;
+// one whose writer died is removed by the next reader; a republished entry
+// keeps its name.
+TEST_F(StatusDir, AnEntryBeingWrittenIsNotShownAndAWriterLeftoverGoes) {
+  ASSERT_EQ(publish_status(::getpid(), {tpcs({4})}), "");
+  ASSERT_EQ(names().size(), 1u);
+  const std::string name = names()[0];
+  ASSERT_EQ(publish_status(::getpid(), {tpcs({5})}), "");
+  EXPECT_EQ(names(), std::vector<std::string>{name});
+  ASSERT_EQ(read_status().size(), 1u);
+  EXPECT_TRUE(read_status()[0].partitions == std::vector<DevicePartition>{tpcs({5})});
+
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) ::_exit(0);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  const std::string text = [&] {
+    std::ifstream in(dir_ + "/" + name);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  // A live writer's file (ours) and a dead one's, both with our entry's text.
+  const std::string live = "nvtaskset-status." + std::to_string(::getpid()) + ".0123456789abcdef.new";
+  const std::string dead = "nvtaskset-status." + std::to_string(child) + ".0123456789abcdef.new";
+  for (const std::string& n : {live, dead}) {
+    std::ofstream(dir_ + "/" + n) << text;
+    fs::permissions(dir_ + "/" + n, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                                        fs::perms::others_read);
+  }
+  const auto st = read_status();
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_TRUE(st[0].partitions == std::vector<DevicePartition>{tpcs({5})});
+  EXPECT_TRUE(fs::exists(dir_ + "/" + live));
+  EXPECT_FALSE(fs::exists(dir_ + "/" + dead));
+  // Withdrawing removes the entry, not a writer's file in progress.
+  withdraw_status(::getpid());
+  EXPECT_EQ(names(), std::vector<std::string>{live});
+}
+
+}  // namespace
+}  // namespace nvtaskset::ctl
