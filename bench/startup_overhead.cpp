@@ -260,7 +260,7 @@ int main(int argc, char** argv) {
   // mps-client against it the cost of the queues.
   if (want("mps-client-q"))
     configs.push_back({"mps-client-q", true, false, {},
-                       {{"CUDA_DEVICE_MAX_CONNECTIONS", "8"}, {"CUDA_DEVICE_MAX_COPY_CONNECTIONS", "4"}}, {}, {}});
+                       {{"CUDA_DEVICE_MAX_CONNECTIONS", "8"}, {"CUDA_DEVICE_MAX_COPY_CONNECTIONS", "2"}}, {}, {}});
   if (configs.empty()) return usage();
   auto argv_of = [&](const Config& c) {
     std::vector<std::string> a = c.prefix;

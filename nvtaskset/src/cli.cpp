@@ -992,8 +992,8 @@ const char* kDescription =
     "MASK is a hexadecimal enable mask over logical TPC IDs (0xff00 = TPCs 8-15).\n"
     "LIST uses taskset's syntax: 0-7,12,20-31:2. Logical TPC k is the pair of SMs\n"
     "whose %smid is 2k and 2k+1. The command runs as an MPS client (nvtaskset starts\n"
-    "the MPS control daemon if none runs) with CUDA_DEVICE_MAX_CONNECTIONS=8 and\n"
-    "CUDA_DEVICE_MAX_COPY_CONNECTIONS=4, the hardware queues of a plain process.\n";
+    "the MPS control daemon if none runs) with CUDA_DEVICE_MAX_CONNECTIONS=8 (the\n"
+    "kernel queues of a plain process) and CUDA_DEVICE_MAX_COPY_CONNECTIONS=2.\n";
 
 const char* kExamples =
     "Examples:\n"
@@ -1085,10 +1085,15 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   }
   // An MPS client's kernels share 2 hardware queues by default, so its
   // streams falsely wait for each other; CUDA_DEVICE_MAX_CONNECTIONS=8 gives it
-  // the 8 a plain process has. That variable alone also sets 8 copy queues,
-  // which a plain process does not get and which cost ~65 ms of an MPS
-  // client's start; 4 copy queues start and behave like a plain process
-  // (docs/hardware.md "MPS", H100 run 13). A user's choice of either is kept:
+  // the 8 a plain process has. That variable alone also sets 8 copy queues.
+  // Each queue costs the client's start-up a few ms in the kernel driver
+  // (RM allocations and UVM channel registration, strace on an H100, run 17),
+  // more in an MPS client than in a plain process: with 4 copy queues (a
+  // plain process's) an MPS client held-open started at 1.07-1.12x a plain
+  // process, with 2 at 0.86x. Copy pipelines overlapping kernels on 2-16
+  // streams ran as fast with 2 copy queues as with 4, or 1 (run 17); only a
+  // copy stuck behind a wait for another stream's event holds up more of the
+  // others (docs/hardware.md "MPS"). A user's choice of either is kept:
   // CUDA_DEVICE_MAX_CONNECTIONS alone then sets the copy queues too, as in
   // CUDA. Outside MPS these are CUDA's defaults, so a --no-mps task is left
   // as it is.
@@ -1096,7 +1101,7 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
     const bool chose_connections = find(kConnectionsEnv) != nullptr;
     const bool chose_copy = find(kCopyConnectionsEnv) != nullptr;
     if (!chose_connections) set(kConnectionsEnv, "8");
-    if (!chose_connections && !chose_copy) set(kCopyConnectionsEnv, "4");
+    if (!chose_connections && !chose_copy) set(kCopyConnectionsEnv, "2");
   }
   if (!real_driver.empty()) set(kRealDriverEnv, real_driver);
   if (partition_sm_count) set(option(Option::kSmCount).name, "partition");

@@ -64,7 +64,7 @@ grep -q "nvtaskset: started the MPS control daemon" "$T/log.txt" || fail "the co
 # mps-client-q: an MPS client given nvtaskset's queues, set for its runs only. A
 # child that writes down its queue settings: the two untimed warm-ups (plain,
 # --no-mps) and, per round, the start of MPS and mps-client run with
-# neither; nvt-warm and mps-client-q with 8 and 4.
+# neither; nvt-warm and mps-client-q with 8 and 2.
 cat >"$T/child.sh" <<EOS
 #!/bin/sh
 echo "\${CUDA_DEVICE_MAX_CONNECTIONS-}/\${CUDA_DEVICE_MAX_COPY_CONNECTIONS-}" >>"$T/queues.txt"
@@ -76,7 +76,7 @@ timeout 120 "$BENCH" --child "$T/child.sh" --nvtaskset "$CLI" --list 0-1 --round
   --csv "$T/runs.csv" --log "$T/log.txt" --mps-control "$FAKEMPS" --timeout-s 20 >"$T/out.txt" || rc=$?
 [ "$rc" = 0 ] || fail "bench_startup (mps-client-q) exited $rc"
 [ "$(grep -cx / "$T/queues.txt")" = 6 ] || fail "runs without queue settings: $(tr '\n' ' ' <"$T/queues.txt")"
-[ "$(grep -cx 8/4 "$T/queues.txt")" = 4 ] || fail "runs with nvtaskset's queues: $(tr '\n' ' ' <"$T/queues.txt")"
+[ "$(grep -cx 8/2 "$T/queues.txt")" = 4 ] || fail "runs with nvtaskset's queues: $(tr '\n' ' ' <"$T/queues.txt")"
 [ "$(awk -F, '$2 == "mps-client-q" && $4 == 1' "$T/runs.csv" | wc -l)" = 2 ] || fail "mps-client-q did not run twice"
 grep -q "^nvtaskset (MPS warm) / MPS client with its queues: [0-9.]*x" "$T/out.txt" || fail "no own-cost line"
 echo "PASS"

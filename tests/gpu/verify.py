@@ -1340,19 +1340,25 @@ def section_queues():
         time.sleep(1.0)
         rc_c, client, o_c = blocked(probe)
         rc_t, task, o_t = blocked([NV, "-t", "0-32"] + probe)
+        # The user's choice of copy queues is kept (a plain process's 4 here).
+        rc_u, user4, o_u = blocked(["env", "CUDA_DEVICE_MAX_COPY_CONNECTIONS=4", NV, "-t", "0-32"] + probe)
         stop_mps_safely()
         log(f"INFO queues, {streams} streams, blocked pairs: plain {plain}, --no-mps {nomps}, MPS client {client}, "
-            f"nvtaskset (MPS) {task}")
-        ok = all(len(g) == 2 for g in (plain, nomps, client, task)) and 0 == rc_p == rc_n == rc_c == rc_t
+            f"nvtaskset (MPS) {task}, nvtaskset with the user's 4 copy queues {user4}")
+        ok = all(len(g) == 2 for g in (plain, nomps, client, task, user4)) and 0 == rc_p == rc_n == rc_c == rc_t == rc_u
         # N streams spread over K queues make at most N(N/K - 1) ordered pairs that share one; fewer
         # when the driver spreads them better, which varies from run to run (H100 run 13, H200 run 14:
         # a plain process's copies 0-8 of 56 with 8 streams, 14-48 of 240 with 16).
         copy4 = streams * (streams // 4 - 1)
+        copy2 = streams * (streams // 2 - 1)
         check(f"queues: {streams} streams: an MPS client alone has kernels falsely waiting (why nvtaskset sets 8)",
               ok and client["compute"] > 0, f"MPS client {client} {o_c}")
         check(f"queues: {streams} streams under nvtaskset (MPS): no kernel waits falsely, copies at most as with "
-              f"4 copy queues, a plain process's ({copy4})", ok and task["compute"] == 0 and task["copy"] <= copy4,
+              f"its 2 copy queues ({copy2})", ok and task["compute"] == 0 and task["copy"] <= copy2,
               f"nvtaskset {task} plain {plain} {o_t}")
+        check(f"queues: {streams} streams under nvtaskset (MPS) with CUDA_DEVICE_MAX_COPY_CONNECTIONS=4 from the "
+              f"user: no kernel waits falsely, copies at most as with 4 copy queues ({copy4})",
+              ok and user4["compute"] == 0 and user4["copy"] <= copy4, f"nvtaskset {user4} {o_u}")
         check(f"queues: {streams} streams under nvtaskset --no-mps and plain: no kernel waits falsely, copies at most "
               f"as with 4 copy queues ({copy4})",
               ok and nomps["compute"] == plain["compute"] == 0 and max(nomps["copy"], plain["copy"]) <= copy4,

@@ -20,7 +20,7 @@ std::string find_shim_dir(const std::string& exe_path);
 // The environment for the task: `env` (NAME=VALUE strings) with
 // NVTASKSET_PARTITION set, the shim directory prepended to LD_LIBRARY_PATH
 // (never replacing it), for an MPS client CUDA_DEVICE_MAX_CONNECTIONS=8 unless
-// already set and CUDA_DEVICE_MAX_COPY_CONNECTIONS=4 unless either is set, and
+// already set and CUDA_DEVICE_MAX_COPY_CONNECTIONS=2 unless either is set, and
 // NVTASKSET_REAL_LIBCUDA pinned to the driver the CLI found, and
 // NVTASKSET_SM_COUNT=partition with `partition_sm_count`.
 std::vector<std::string> task_environment(std::vector<std::string> env, const std::string& shim_dir,
