@@ -3,10 +3,10 @@
 """What the number of hardware copy queues an MPS client gets costs a program that overlaps copies
 with kernels on several streams (bench/cuda/copy_pipeline.cu), side by side in one run.
 
-nvtaskset gives its MPS clients 8 kernel queues and 4 copy queues (a plain process's); fewer copy
-queues start faster (docs/hardware.md, "MPS"). This shows what they cost afterwards: each
+nvtaskset gives its MPS clients 8 kernel queues and 2 copy queues (a plain process has 4): fewer
+copy queues start faster (docs/hardware.md, "MPS"). This shows what they cost afterwards: each
 configuration runs copy_pipeline, configurations interleaved round by round; it prints the median
-time and its ratio to an MPS client with nvtaskset's queues (CUDA_DEVICE_MAX_CONNECTIONS=8
+time and its ratio to an MPS client with a plain process's queues (CUDA_DEVICE_MAX_CONNECTIONS=8
 CUDA_DEVICE_MAX_COPY_CONNECTIONS=4), and the median bandwidth.
 
     python3 bench/copy_queues.py [--rounds N] [--streams S] [--chunk-mb M] [--kernel-us U] [BIN]
@@ -60,13 +60,13 @@ def main():
     plain = {"plain process": (pipe, {})}
     clients = {
         "mps client": (pipe, {}),
-        "mps client copy4 (nvtaskset's)": (pipe, {CONN: "8", COPY: "4"}),
+        "mps client copy4": (pipe, {CONN: "8", COPY: "4"}),
         "mps client copy2": (pipe, {CONN: "8", COPY: "2"}),
         "mps client copy1": (pipe, {CONN: "8", COPY: "1"}),
-        "nvtaskset -t 0-32": ([nv, "-t", "0-32"] + pipe, {}),
-        "nvtaskset -t 0-32, copy2": ([nv, "-t", "0-32"] + pipe, {COPY: "2"}),
+        "nvtaskset -t 0-32 (copy2)": ([nv, "-t", "0-32"] + pipe, {}),
+        "nvtaskset -t 0-32, user's copy4": ([nv, "-t", "0-32"] + pipe, {COPY: "4"}),
     }
-    base = "mps client copy4 (nvtaskset's)"
+    base = "mps client copy4"
     res = {k: [] for k in list(plain) + list(clients)}
 
     def measure(group):
