@@ -16,31 +16,18 @@ It stops any MPS control daemon for the plain runs, starts one for the rest and 
 """
 import argparse
 import os
-import random
-import re
 import statistics
-import subprocess
 import sys
-import time
+
+from benchproc import interleaved, mps, run_matching
 
 CONN = "CUDA_DEVICE_MAX_CONNECTIONS"
 COPY = "CUDA_DEVICE_MAX_COPY_CONNECTIONS"
 
 
 def run(cmd, env):
-    e = dict(os.environ)
-    e.update(env)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=e)
-    m = re.search(r" ms ([0-9.]+) gbps ([0-9.]+)", p.stdout)
-    if p.returncode != 0 or not m:
-        raise RuntimeError(f"{' '.join(cmd)}: rc={p.returncode} {p.stderr.strip()[-300:]}")
+    m = run_matching(cmd, env, r" ms ([0-9.]+) gbps ([0-9.]+)", 120)
     return float(m.group(1)), float(m.group(2))
-
-
-def mps(cmd):
-    subprocess.run(["nvidia-cuda-mps-control"] + (["-d"] if cmd == "start" else []),
-                   input=None if cmd == "start" else "quit\n", text=True, capture_output=True, timeout=30)
-    time.sleep(1.0)
 
 
 def main():
@@ -70,13 +57,7 @@ def main():
     res = {k: [] for k in list(plain) + list(clients)}
 
     def measure(group):
-        for k, (cmd, env) in group.items():  # warm-up
-            run(cmd, env)
-        for _ in range(a.rounds):
-            order = list(group)
-            random.shuffle(order)
-            for k in order:
-                res[k].append(run(*group[k]))
+        interleaved(group, a.rounds, run, res)
 
     try:
         mps("stop")

@@ -23,31 +23,16 @@ in its environment; the clients' environments are as before.
 """
 import argparse
 import os
-import random
-import re
 import select
 import statistics
 import subprocess
-import time
+
+from benchproc import interleaved, mps, run_matching
 
 
 def run(cmd, env):
-    e = dict(os.environ)
-    e.update(env)
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=e)
-    m = re.search(r"main_ns (\d+) kernel_ns (-?\d+) sync_ns (\d+)", p.stdout)
-    if p.returncode != 0 or not m:
-        raise RuntimeError(f"{' '.join(cmd)}: rc={p.returncode} {p.stderr.strip()[-300:]}")
+    m = run_matching(cmd, env, r"main_ns (\d+) kernel_ns (-?\d+) sync_ns (\d+)", 60)
     return (int(m.group(3)) - int(m.group(1))) / 1e6
-
-
-def mps(cmd, server_env=None):
-    e = dict(os.environ)
-    e.update(server_env or {})
-    subprocess.run(["nvidia-cuda-mps-control"] + (["-d"] if cmd == "start" else []),
-                   input=None if cmd == "start" else "quit\n", text=True, capture_output=True, timeout=30,
-                   env=e)
-    time.sleep(1.0)
 
 
 def main():
@@ -105,13 +90,7 @@ def main():
     times = {k: [] for k in list(configs) + list(mps_configs)}
 
     def measure(group):
-        for k, (cmd, env) in group.items():  # warm-up: caches, page cache
-            run(cmd, env)
-        for r in range(a.rounds):
-            order = list(group)
-            random.shuffle(order)
-            for k in order:
-                times[k].append(run(*group[k]))
+        interleaved(group, a.rounds, run, times)
 
     holder = None
     if a.hold:

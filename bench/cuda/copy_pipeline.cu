@@ -17,30 +17,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <string>
 #include <vector>
 
-#define CK(x)                                                                        \
-  do {                                                                               \
-    cudaError_t e_ = (x);                                                            \
-    if (e_ != cudaSuccess) {                                                         \
-      std::fprintf(stderr, "copy_pipeline: %s: %s\n", #x, cudaGetErrorString(e_));   \
-      std::exit(2);                                                                  \
-    }                                                                                \
-  } while (0)
-
-__device__ __forceinline__ unsigned long long gtimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
+#include "common.cuh"
 
 // Stands in for the work on a chunk: one block touches the chunk's first
 // words and then spins, so the kernel's length is set, not its bandwidth.
 __global__ void work(unsigned* buf, unsigned long long ns) {
-  const unsigned long long start = gtimer();
+  const unsigned long long start = evalgpu::globaltimer();
   buf[threadIdx.x] += 1;
-  while (gtimer() - start < ns) {
+  while (evalgpu::globaltimer() - start < ns) {
   }
 }
 
@@ -68,25 +54,25 @@ int main(int argc, char** argv) {
   std::vector<cudaStream_t> s(streams);
   std::vector<unsigned*> h_in(streams), h_out(streams), d(streams);
   for (int i = 0; i < streams; ++i) {
-    CK(cudaStreamCreateWithFlags(&s[i], cudaStreamNonBlocking));
-    CK(cudaMallocHost(&h_in[i], bytes));
-    CK(cudaMallocHost(&h_out[i], bytes));
-    CK(cudaMalloc(&d[i], bytes));
+    EVAL_CHECK(cudaStreamCreateWithFlags(&s[i], cudaStreamNonBlocking));
+    EVAL_CHECK(cudaMallocHost(&h_in[i], bytes));
+    EVAL_CHECK(cudaMallocHost(&h_out[i], bytes));
+    EVAL_CHECK(cudaMalloc(&d[i], bytes));
     std::memset(h_in[i], i, bytes);
   }
   auto round = [&] {
     for (int i = 0; i < streams; ++i) {
-      CK(cudaMemcpyAsync(d[i], h_in[i], bytes, cudaMemcpyHostToDevice, s[i]));
+      EVAL_CHECK(cudaMemcpyAsync(d[i], h_in[i], bytes, cudaMemcpyHostToDevice, s[i]));
       work<<<1, 32, 0, s[i]>>>(d[i], 1000ull * kernel_us);
-      CK(cudaGetLastError());
-      CK(cudaMemcpyAsync(h_out[i], d[i], bytes, cudaMemcpyDeviceToHost, s[i]));
+      EVAL_CHECK(cudaGetLastError());
+      EVAL_CHECK(cudaMemcpyAsync(h_out[i], d[i], bytes, cudaMemcpyDeviceToHost, s[i]));
     }
   };
   round();  // warm-up: first-touch costs, lazy module loading
-  CK(cudaDeviceSynchronize());
+  EVAL_CHECK(cudaDeviceSynchronize());
   const auto t0 = std::chrono::steady_clock::now();
   for (int k = 0; k < iters; ++k) round();
-  CK(cudaDeviceSynchronize());
+  EVAL_CHECK(cudaDeviceSynchronize());
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   // The result must be the input plus one in the word the kernel touched.
   for (int i = 0; i < streams; ++i) {
