@@ -1086,14 +1086,15 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   // An MPS client's kernels share 2 hardware queues by default, so its
   // streams falsely wait for each other; CUDA_DEVICE_MAX_CONNECTIONS=8 gives it
   // the 8 a plain process has. That variable alone also sets 8 copy queues.
-  // Each queue costs the client's start-up a few ms in the kernel driver
-  // (RM allocations and UVM channel registration, strace on an H100, run 17),
-  // more in an MPS client than in a plain process: with 4 copy queues (a
-  // plain process's) an MPS client held-open started at 1.07-1.12x a plain
-  // process, with 2 at 0.86x. Copy pipelines overlapping kernels on 2-16
-  // streams ran as fast with 2 copy queues as with 4, or 1 (run 17); only a
-  // copy stuck behind a wait for another stream's event holds up more of the
-  // others (docs/hardware.md "MPS"). A user's choice of either is kept:
+  // Each queue costs an MPS client 5-12 ms of start-up in the kernel driver
+  // (RM allocations and UVM channel registration; strace on an H100, run
+  // 17), more than it costs a plain process. With the GPU held open, a task
+  // given 4 copy queues (a plain process's) started at 1.07-1.12x a plain
+  // process, with 2 at 0.93-0.95x (H100 and H200, runs 15-17). Copy
+  // pipelines overlapping kernels on 2-16 streams ran as fast with 2 copy
+  // queues as with 4, or 1 (run 17); only a copy stuck behind a wait for
+  // another stream's event holds up more of the others (docs/hardware.md
+  // "MPS"). A user's choice of either is kept:
   // CUDA_DEVICE_MAX_CONNECTIONS alone then sets the copy queues too, as in
   // CUDA. Outside MPS these are CUDA's defaults, so a --no-mps task is left
   // as it is.
