@@ -1096,8 +1096,9 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   // another stream's event holds up more of the others (docs/hardware.md
   // "MPS"). A user's choice of either is kept:
   // CUDA_DEVICE_MAX_CONNECTIONS alone then sets the copy queues too, as in
-  // CUDA. Outside MPS these are CUDA's defaults, so a --no-mps task is left
-  // as it is.
+  // CUDA. Outside MPS, CUDA's default already gives 8 kernel queues (and the
+  // 4 copy queues any plain process has), so a --no-mps task is left as it
+  // is: it starts and runs as the same program would alone.
   if (mps_client) {
     const bool chose_connections = find(kConnectionsEnv) != nullptr;
     const bool chose_copy = find(kCopyConnectionsEnv) != nullptr;

@@ -1269,8 +1269,8 @@ TEST_F(E2E, EnvironmentOfTheTask) {
 
   Result r = launch(env_);
   ASSERT_TRUE(ExitedWith(r, 0));
-  // Outside MPS, CUDA's default queues are what an MPS client is given
-  // (EnvironmentOfAnMpsClient): left alone.
+  // Outside MPS, CUDA's default already gives 8 kernel queues (and a plain
+  // process's 4 copy queues): left alone (an MPS client's, EnvironmentOfAnMpsClient).
   EXPECT_EQ(printed_env(r.out, "CUDA_DEVICE_MAX_CONNECTIONS").value_or("<unset>"), "<unset>");
   EXPECT_EQ(printed_env(r.out, "CUDA_DEVICE_MAX_COPY_CONNECTIONS").value_or("<unset>"), "<unset>");
   auto ldp = printed_env(r.out, "LD_LIBRARY_PATH");
