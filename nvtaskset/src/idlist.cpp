@@ -6,11 +6,9 @@
 
 namespace nvtaskset::cli {
 
-std::string printable(std::string_view text) {
-  // Long enough to recognise the input, short enough for one terminal line.
-  constexpr std::size_t kShown = 48;
+std::string printable(std::string_view text, std::size_t shown) {
   std::string out;
-  for (std::size_t i = 0; i < text.size() && i < kShown; ++i) {
+  for (std::size_t i = 0; i < text.size() && i < shown; ++i) {
     const auto c = static_cast<unsigned char>(text[i]);
     if (c >= 0x20 && c < 0x7f) {
       out += static_cast<char>(c);
@@ -20,7 +18,7 @@ std::string printable(std::string_view text) {
       out += buf;
     }
   }
-  if (text.size() > kShown) out += "...";
+  if (text.size() > shown) out += "...";
   return out;
 }
 

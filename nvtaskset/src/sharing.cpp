@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "nvtaskset/sharing.hpp"
 
+#include <fcntl.h>
 #include <pwd.h>
 #include <unistd.h>
 
+#include <cerrno>
+
 #include <cstdio>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -16,14 +18,53 @@
 namespace nvtaskset::cli {
 namespace {
 
-// /proc/<pid>/cmdline, readable by every user as `ps` shows it.
-std::string command_of(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/cmdline", std::ios::binary);
-  std::string raw((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  while (!raw.empty() && raw.back() == '\0') raw.pop_back();
-  for (char& c : raw)
-    if (c == '\0') c = ' ';
-  return printable(raw.size() > 60 ? raw.substr(0, 60) : raw);
+// /proc/<pid>/cmdline, readable by every user as `ps` shows it: the task's
+// argument vector. Bounded: a command line may be as long as the kernel's
+// argument limit (megabytes); past kMaxCommandBytes it is cut.
+constexpr std::size_t kMaxCommandBytes = 128 * 1024;
+
+std::vector<std::string> argv_of(pid_t pid) {
+  std::vector<std::string> argv;
+  const int fd = ::open(("/proc/" + std::to_string(pid) + "/cmdline").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return argv;
+  std::string raw(kMaxCommandBytes, '\0');
+  std::size_t got = 0;
+  while (got < raw.size()) {
+    const ssize_t n = ::read(fd, raw.data() + got, raw.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;
+    got += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  raw.resize(got);
+  for (std::size_t at = 0; at < raw.size();) {
+    std::size_t end = raw.find('\0', at);
+    if (end == std::string::npos) end = raw.size();
+    argv.push_back(raw.substr(at, end - at));
+    at = end + 1;
+  }
+  return argv;
+}
+
+// The whole command line, for --json (which escapes what it must).
+std::string whole_command(const std::vector<std::string>& argv) {
+  std::string s;
+  for (const std::string& a : argv) s += (s.empty() ? "" : " ") + a;
+  return s;
+}
+
+// The table's COMMAND column: the program's file name, then its arguments,
+// cut at kCommandShown. As `ps` keeps the name visible: a task started by a
+// long path (a build tree, a deep checkout) is still recognisable.
+constexpr std::size_t kCommandShown = 60;
+
+std::string table_command(const std::vector<std::string>& argv) {
+  if (argv.empty()) return "-";
+  std::string s = argv[0];
+  if (const auto slash = s.find_last_of('/'); slash != std::string::npos && slash + 1 < s.size())
+    s = s.substr(slash + 1);
+  for (std::size_t i = 1; i < argv.size() && s.size() <= kCommandShown; ++i) s += " " + argv[i];
+  return printable(s, kCommandShown);
 }
 
 bool applies_to(const DevicePartition& dp, const topo::DeviceInfo& dev) {
@@ -199,8 +240,9 @@ int print_status(Devices& devices, bool json) {
                                             : format_list(r.tpcs.bits);
     const unsigned sms = 2 * r.tpcs.size();
     const std::string user = user_name(r.e->uid);
-    const std::string cmd = command_of(pid);
-    table.push_back({std::to_string(pid), user, gpu, tpcs, gpcs, std::to_string(sms), kernels, graphs, cluster, cmd});
+    const std::vector<std::string> argv = argv_of(pid);
+    table.push_back(
+        {std::to_string(pid), user, gpu, tpcs, gpcs, std::to_string(sms), kernels, graphs, cluster, table_command(argv)});
     for (pid_t other : share_tpcs[i])
       if (other > pid) notes.push_back("pids " + std::to_string(pid) + " and " + std::to_string(other) + " share TPCs");
     for (pid_t other : share_gpcs[i])
@@ -209,7 +251,7 @@ int print_status(Devices& devices, bool json) {
                         " share a GPC: they do not isolate each other (docs/hardware.md)");
     nlohmann::json j = {{"pid", pid}, {"user", user}, {"uid", r.e->uid},
                         {"device", r.dp->device == kAnyDevice ? "any" : uuid_to_string(r.dp->device)},
-                        {"tpcs", tpcs}, {"sms", sms}, {"command", cmd},
+                        {"tpcs", tpcs}, {"sms", sms}, {"command", whole_command(argv)}, {"argv", argv},
                         {"shares_tpcs_with", share_tpcs[i]}, {"shares_gpcs_with", share_gpcs[i]}};
     if (r.dev != nullptr && !r.dev->pci_bus_id.empty()) j["gpu"] = r.dev->ordinal;
     if (gpcs != "-") {
@@ -226,7 +268,9 @@ int print_status(Devices& devices, bool json) {
   for (const mps::Server& sv : servers)
     js.push_back({{"pid", sv.pid}, {"uid", sv.uid}, {"user", user_name(sv.uid)}, {"clients", sv.clients}});
   if (json) {
-    std::printf("%s\n", nlohmann::json({{"tasks", jt}, {"mps_servers", js}}).dump(2).c_str());
+    std::printf("%s\n", nlohmann::json({{"tasks", jt}, {"mps_servers", js}})
+                               .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+                               .c_str());
     return 0;
   }
   std::vector<std::size_t> width(table[0].size(), 0);

@@ -2554,10 +2554,10 @@ class Sharing : public TopologyFile {
   }
   // A task that launches a kernel every 5 ms until told to stop.
   long start_task(const std::vector<std::string>& options, const std::string& tag, Proc** out = nullptr,
-                  const std::vector<std::string>& launcher_args = {}) {
+                  const std::vector<std::string>& launcher_args = {}, const std::string& launcher = kLauncher) {
     std::vector<std::string> argv{kCli, "--no-mps"};
     argv.insert(argv.end(), options.begin(), options.end());
-    argv.insert(argv.end(), {kLauncher, "--until-file", path("until"), "--interval-ms", "5", "--ready-file",
+    argv.insert(argv.end(), {launcher, "--until-file", path("until"), "--interval-ms", "5", "--ready-file",
                              path("ready." + tag)});
     argv.insert(argv.end(), launcher_args.begin(), launcher_args.end());
     Proc& p = start(argv, env_);
@@ -2660,7 +2660,14 @@ TEST_F(Sharing, LiveCountKeepsTheTpcsTheTaskHas) {
 
 TEST_F(Sharing, StatusListsEveryTaskOfEveryUserWithCountersForTheOwner) {
   const long a = start_task({"-n", "4"}, "a");
-  const long b = start_task({"-t", "1,3"}, "b");
+  // Task b is started by a path far longer than any column (as from a deep
+  // checkout): the table still shows its program's name, and --json the
+  // whole command line, wherever the tests run from.
+  const std::string deep = path(std::string(120, 'd') + "/" + std::string(120, 'e'));
+  fs::create_directories(deep);
+  const std::string long_launcher = deep + "/launcher";
+  fs::create_symlink(kLauncher, long_launcher);
+  const long b = start_task({"-t", "1,3"}, "b", nullptr, {}, long_launcher);
   ASSERT_GT(a, 0);
   ASSERT_GT(b, 0);
   Result st = run({kCli, "--status", "--json"});
@@ -2675,10 +2682,21 @@ TEST_F(Sharing, StatusListsEveryTaskOfEveryUserWithCountersForTheOwner) {
   EXPECT_GT(j["tasks"][0]["kernels_launched"].get<long>(), 0);
   EXPECT_EQ(j["tasks"][1]["pid"], b);
   EXPECT_EQ(j["tasks"][1]["gpcs_whole"], 0);
-  EXPECT_NE(j["tasks"][1]["command"].get<std::string>().find("launcher"), std::string::npos);
+  const std::string whole = long_launcher + " --until-file " + path("until") + " --interval-ms 5 --ready-file " +
+                            path("ready.b");
+  EXPECT_EQ(j["tasks"][1]["command"], whole) << st.out;
+  EXPECT_EQ(j["tasks"][1]["argv"][0], long_launcher) << st.out;
   st = run({kCli, "--status"});
   EXPECT_NE(st.out.find("PID"), std::string::npos);
   EXPECT_NE(st.out.find(std::to_string(a) + "  "), std::string::npos) << st.out;
+  // The table: the program's name and its first arguments, on one line.
+  bool named = false;
+  for (const auto& l : lines_of(st.out))
+    if (l.starts_with(std::to_string(b) + " ")) {
+      named = l.find("  launcher --until-file ") != std::string::npos;
+      EXPECT_LT(l.size(), 200u) << l;
+    }
+  EXPECT_TRUE(named) << st.out;
   // Another user sees both partitions, not the owner's counters.
   if (const auto other = second_user()) {
     const Result o = run(as_user(*other, {kCli, "--status", "--json"}));

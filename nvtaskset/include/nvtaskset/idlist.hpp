@@ -53,8 +53,10 @@ pid_t parse_pid(std::string_view text);
 unsigned parse_count(std::string_view text);
 
 // `text` for an error message: control and non-ASCII bytes as \xNN, and cut
-// to a few dozen characters, so that a message stays one short line.
-std::string printable(std::string_view text);
+// to a few dozen characters (`shown`, then "..."), so that a message stays one
+// short line.
+inline constexpr std::size_t kPrintableShown = 48;
+std::string printable(std::string_view text, std::size_t shown = kPrintableShown);
 
 // Formats IDs as taskset prints them: "0-3,8,10-11" ("" when empty).
 // (format_ranges in bits.hpp, the one formatter topology/ uses too.)
