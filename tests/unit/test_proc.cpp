@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "nvtaskset/proc.hpp"
@@ -57,6 +59,29 @@ TEST(Proc, ImpossiblePidsAreDead) {
   EXPECT_TRUE(process_is_zombie_or_dead(0));
   EXPECT_TRUE(process_is_zombie_or_dead(-1));
   EXPECT_TRUE(process_is_zombie_or_dead(4194305));  // above PID_MAX_LIMIT
+}
+
+TEST(Proc, ParentPidIsTheParent) {
+  EXPECT_EQ(parent_pid(::getpid()), ::getppid());
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // A comm with a space and ')' in it, as any program may set.
+    ::prctl(PR_SET_NAME, "a) b (c", 0, 0, 0);
+    ::pause();
+    ::_exit(0);
+  }
+  EXPECT_TRUE(eventually([&] {
+    std::ifstream f("/proc/" + std::to_string(child) + "/comm");
+    std::string comm;
+    return std::getline(f, comm) && comm == "a) b (c";
+  }));
+  EXPECT_EQ(parent_pid(child), ::getpid());
+  ::kill(child, SIGKILL);
+  ::waitpid(child, nullptr, 0);
+  EXPECT_EQ(parent_pid(child), 0);
+  EXPECT_EQ(parent_pid(0), 0);
+  EXPECT_EQ(parent_pid(-1), 0);
 }
 
 }  // namespace

@@ -13,4 +13,7 @@ namespace nvtaskset::ctl {
 // /proc mounted with hidepid): the caller's kill() check stands then.
 bool process_is_zombie_or_dead(pid_t pid);
 
+// The parent of `pid` (/proc/<pid>/stat field 4), or 0 when it cannot be read.
+pid_t parent_pid(pid_t pid);
+
 }  // namespace nvtaskset::ctl
