@@ -18,6 +18,7 @@
 #include <cstring>
 #include <functional>
 #include <string_view>
+#include <type_traits>
 
 namespace nvtaskset {
 namespace {
@@ -94,6 +95,7 @@ struct ElfInfo {
   unsigned char cls = 0;
   unsigned machine = 0;
   bool shim_note = false;
+  std::string soname;  // DT_SONAME, "" when none or unreadable
 };
 
 // Looks for our note in one PT_NOTE segment's bytes. Each note is a 12-byte
@@ -118,6 +120,46 @@ bool notes_have_shim(const unsigned char* p, std::size_t n, std::uint64_t align)
   return false;
 }
 
+// DT_SONAME: the name the loader registers a library under, whatever its
+// file is called (a renamed or symlinked copy of the driver is still
+// "libcuda.so.1"). The dynamic section's string table is given as a virtual
+// address, found in the file through the PT_LOAD segment that holds it.
+constexpr std::size_t kMaxDynamicBytes = 64 * 1024;
+constexpr std::size_t kMaxSoname = 256;
+
+template <class Phdr>
+std::string read_soname(int fd, const std::vector<Phdr>& ph) {
+  using Dyn = std::conditional_t<sizeof(Phdr) == sizeof(Elf64_Phdr), Elf64_Dyn, Elf32_Dyn>;
+  const Phdr* dyn = nullptr;
+  for (const Phdr& h : ph)
+    if (h.p_type == PT_DYNAMIC) dyn = &h;
+  if (dyn == nullptr || dyn->p_filesz == 0 || dyn->p_filesz > kMaxDynamicBytes) return "";
+  std::vector<Dyn> d(static_cast<std::size_t>(dyn->p_filesz) / sizeof(Dyn));
+  if (d.empty() || !pread_exact(fd, d.data(), d.size() * sizeof(Dyn), dyn->p_offset)) return "";
+  std::uint64_t strtab = 0, soname = 0;
+  bool have_soname = false;
+  for (const Dyn& e : d) {
+    if (e.d_tag == DT_NULL) break;
+    if (e.d_tag == DT_STRTAB) strtab = e.d_un.d_ptr;
+    if (e.d_tag == DT_SONAME) {
+      soname = e.d_un.d_val;
+      have_soname = true;
+    }
+  }
+  if (!have_soname) return "";
+  for (const Phdr& h : ph) {
+    if (h.p_type != PT_LOAD || strtab < h.p_vaddr || strtab - h.p_vaddr >= h.p_filesz) continue;
+    const std::uint64_t off = h.p_offset + (strtab - h.p_vaddr) + soname;
+    char name[kMaxSoname + 1] = {};
+    ssize_t n;
+    do {
+      n = ::pread(fd, name, kMaxSoname, static_cast<off_t>(off));
+    } while (n < 0 && errno == EINTR);
+    return n > 0 ? std::string(name, ::strnlen(name, static_cast<std::size_t>(n))) : std::string();
+  }
+  return "";
+}
+
 template <class Ehdr, class Phdr>
 void inspect_elf(int fd, ElfInfo& info) {
   Ehdr eh;
@@ -138,9 +180,10 @@ void inspect_elf(int fd, ElfInfo& info) {
     if (!pread_exact(fd, buf.data(), buf.size(), h.p_offset)) continue;
     if (notes_have_shim(buf.data(), buf.size(), h.p_align)) {
       info.shim_note = true;
-      return;
+      break;
     }
   }
+  info.soname = read_soname<Phdr>(fd, ph);
 }
 
 ElfInfo inspect(int fd) {
@@ -347,6 +390,17 @@ bool is_shim_library(const std::string& path) {
   const Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) return false;
   return inspect(fd.get()).shim_note;
+}
+
+LibraryKind library_kind(const std::string& path) {
+  const Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0) return LibraryKind::kUnreadable;
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode)) return LibraryKind::kOther;
+  const ElfInfo info = inspect(fd.get());
+  if (info.shim_note) return LibraryKind::kShim;
+  if (info.soname.starts_with(kDriverSoname)) return LibraryKind::kDriver;
+  return LibraryKind::kOther;
 }
 
 std::string locate_real_driver(const LocateOptions& opts, std::string* why) {

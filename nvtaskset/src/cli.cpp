@@ -496,12 +496,11 @@ void refuse_preloaded_driver(const std::vector<std::string>& env) {
   for (const auto& e : env) {
     if (!e.starts_with("LD_PRELOAD=")) continue;
     for (const std::string& item : loader_list(std::string_view(e).substr(std::strlen("LD_PRELOAD=")))) {
-      const std::string base = fs::path(item).filename().string();
       // A bare name is searched like any library, and finds the shim first.
-      std::error_code ec;
-      if (base.starts_with("libcuda.so") && item.find('/') != std::string::npos && fs::exists(item, ec) &&
-          !is_shim_library(item))
-        throw Failure("LD_PRELOAD names the CUDA driver (" + item +
+      // A path is judged by what the file is (its DT_SONAME), not its name:
+      // a symlink or renamed copy of the driver is the driver.
+      if (item.find('/') != std::string::npos && library_kind(item) == LibraryKind::kDriver)
+        throw Failure("LD_PRELOAD names the CUDA driver (" + printable(item, 200) +
                       "): the task would load it instead of nvtaskset's shim and run on all TPCs; remove it");
     }
   }

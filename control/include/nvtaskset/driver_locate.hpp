@@ -51,6 +51,13 @@ std::vector<std::string> ld_cache_lookup(const std::string& cache_path, const st
 // True when the ELF file at `path` carries the shim's note.
 bool is_shim_library(const std::string& path);
 
+// What a library file is, by its contents, never its name: the shim (its
+// note), a CUDA driver (DT_SONAME "libcuda.so..."; a symlink or a renamed
+// copy of the driver is still one), something else, or unreadable.
+inline constexpr const char* kDriverSoname = "libcuda.so";
+enum class LibraryKind { kShim, kDriver, kOther, kUnreadable };
+LibraryKind library_kind(const std::string& path);
+
 // The first usable real-driver path, or "" with *why set to a one-line reason.
 std::string locate_real_driver(const LocateOptions& opts, std::string* why);
 
