@@ -35,6 +35,8 @@
 #include "nvtaskset/cuda_driver_api.hpp"
 #include "nvtaskset/driver_locate.hpp"
 #include "nvtaskset/devices.hpp"
+#include "nvtaskset/exec_check.hpp"
+#include "nvtaskset/task_driver.hpp"
 #include "nvtaskset/idlist.hpp"
 #include "nvtaskset/log_level.hpp"
 #include "nvtaskset/mps.hpp"
@@ -598,6 +600,11 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
   };
   std::vector<Choice> chosen = plan();
   devices.restore_environment();
+  // Up front, before anything is planned or published: a program the shim
+  // cannot be loaded into (exec_check.hpp). One that cannot be found is
+  // left to exec, whose error (and 127) is the user's.
+  if (const std::string prog = resolve_command(cmd[0], env); !prog.empty())
+    if (const std::string why = secure_execution_reason(prog); !why.empty()) throw Failure(why);
   if (users_check) {
     const mps::EnsureResult r = mps::ensure_daemon();
     if (r.started) std::fprintf(stderr, "%s\n", mps::started_message(r).c_str());
