@@ -803,6 +803,10 @@ TaskPlan plan_task(const Options& o, pid_t pid, std::unique_ptr<ctl::Region> reg
   }
   return plan;
 }
+  if (const ctl::DriverUse use =
+          ctl::task_driver_use(pid, plan.region->header().callback_registered.load(std::memory_order_acquire) != 0);
+      use.state == ctl::DriverUse::State::kBypassed)
+    throw Failure("pid " + std::to_string(pid) + " runs on all TPCs: " + use.why);
 
 nlohmann::json plan_json(const TaskPlan& p, Devices& devices) {
   const Step& st = p.steps[0];
