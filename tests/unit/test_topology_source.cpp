@@ -3,6 +3,8 @@
 // hit and miss by UUID and driver version), pre-Hopper identity with and
 // without nvdebug, and Hopper without calibration.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -65,6 +67,17 @@ class TopologySource : public ::testing::Test {
       return e.what();
     }
     return "";
+  }
+
+  // A copy of a file of tests/data, owned by whoever runs the test: a
+  // topology file must be this user's or root's, which a checkout another
+  // user made (a CI container running as root) is not.
+  std::string data(const std::string& name) {
+    const std::string to = dir_ + "/" + fs::path(name).filename().string();
+    fs::copy_file(kData + "/" + name, to, fs::copy_options::overwrite_existing);
+    fs::permissions(to, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                            fs::perms::others_read);
+    return to;
   }
 
   std::string dir_;
@@ -148,6 +161,75 @@ TEST_F(TopologySource, CacheHitAndMisses) {
   EXPECT_FALSE(cache_load(d, opts_));
 }
 
+// The cache is read as every shared file (trusted_file.hpp): a cache file or
+// directory another user could have written is a miss, said in a warning,
+// and the layout is measured anew (here: the Hopper GPU then needs a
+// driver). A cache directory another user could write (a shared
+// XDG_CACHE_HOME kept by `sudo -E`) moved root's `-t 0-3` to other TPCs.
+TEST_F(TopologySource, CacheOthersCouldHaveWrittenIsAMiss) {
+  const DeviceInfo d = h200_device();
+  std::string why;
+  const std::string path = cache_store(h200_topology(), opts_, &why);
+  ASSERT_FALSE(path.empty()) << why;
+  ASSERT_TRUE(cache_load(d, opts_)) << "the cache as written is used";
+  ::chmod(path.c_str(), 0666);
+  EXPECT_FALSE(cache_load(d, opts_)) << "a cache file every user can write";
+  ::chmod(path.c_str(), 0644);
+  ::chmod(opts_.cache_dir.c_str(), 0777);
+  EXPECT_FALSE(cache_load(d, opts_)) << "a cache directory every user can write";
+  EXPECT_NE(error_of(d).find("needs calibration"), std::string::npos) << "a miss, as without a cache";
+  EXPECT_TRUE(cache_store(h200_topology(), opts_, &why).empty()) << "nothing is stored there either";
+  EXPECT_NE(why.find(opts_.cache_dir + " is writable by every user"), std::string::npos) << why;
+  ::chmod(opts_.cache_dir.c_str(), 0755);
+  ASSERT_TRUE(cache_load(d, opts_));
+  if (::geteuid() == 0) {
+    ASSERT_EQ(::chown(path.c_str(), 54321, static_cast<gid_t>(-1)), 0);
+    EXPECT_FALSE(cache_load(d, opts_)) << "a cache file of another user";
+  }
+}
+
+// Never followed, never waited on, never read without bound: a symbolic link
+// to /dev/zero read until memory ran out, and a FIFO hung the launch.
+TEST_F(TopologySource, CacheLinksFifosAndHugeFilesAreMisses) {
+  const DeviceInfo d = h200_device();
+  std::string why;
+  const std::string path = cache_store(h200_topology(), opts_, &why);
+  ASSERT_FALSE(path.empty()) << why;
+  fs::rename(path, dir_ + "/good.json");
+  fs::create_symlink(dir_ + "/good.json", path);
+  EXPECT_FALSE(cache_load(d, opts_)) << "a link, even to a good file";
+  fs::remove(path);
+  fs::create_symlink("/dev/zero", path);
+  EXPECT_FALSE(cache_load(d, opts_));
+  fs::remove(path);
+  ASSERT_EQ(::mkfifo(path.c_str(), 0644), 0);
+  EXPECT_FALSE(cache_load(d, opts_)) << "returns at once: no writer is waited for";
+  fs::remove(path);
+  std::ofstream(path) << std::string(300 * 1024, ' ') << "{}";
+  ::chmod(path.c_str(), 0644);
+  EXPECT_FALSE(cache_load(d, opts_));
+}
+
+// NVTASKSET_TOPOLOGY crosses `sudo -E`: the file it names is held to the
+// same rules, and one that fails them is an error (the user asked for it).
+TEST_F(TopologySource, TopologyFileOthersCouldHaveWrittenIsAnError) {
+  opts_.file = data("topology/h200.json");
+  ASSERT_EQ(get_topology(h200_device(), opts_).source, "file");
+  ::chmod(opts_.file.c_str(), 0666);
+  std::string e = error_of(h200_device());
+  EXPECT_NE(e.find("topology file " + opts_.file + " is writable by every user"), std::string::npos) << e;
+  ::chmod(opts_.file.c_str(), 0644);
+  fs::create_symlink(opts_.file, dir_ + "/link.json");
+  opts_.file = dir_ + "/link.json";
+  e = error_of(h200_device());
+  EXPECT_NE(e.find("is a symbolic link, which is never followed"), std::string::npos) << e;
+  opts_.file = dir_ + "/h200.json";
+  ::chmod(dir_.c_str(), 0777);
+  e = error_of(h200_device());
+  ::chmod(dir_.c_str(), 0755);
+  EXPECT_NE(e.find(dir_ + " is writable by every user"), std::string::npos) << e;
+}
+
 TEST_F(TopologySource, HopperUsesTheCacheWithoutADriver) {
   Topology t = h200_topology();
   std::string why;
@@ -169,7 +251,7 @@ TEST_F(TopologySource, HopperWithoutCacheOrDriverIsAnError) {
 }
 
 TEST_F(TopologySource, TopologyFileWinsAndMustMatchTheUuid) {
-  opts_.file = kData + "/topology/two_gpus.json";
+  opts_.file = data("topology/two_gpus.json");
   const Topology t1 = get_topology(h200_device(1), opts_);
   EXPECT_EQ(t1.source, "file");
   EXPECT_EQ(t1.device.uuid, h200_device(1).uuid);
@@ -192,7 +274,7 @@ TEST_F(TopologySource, TopologyFileWinsAndMustMatchTheUuid) {
 }
 
 TEST_F(TopologySource, TopologyFileMustMatchTheDeviceShape) {
-  opts_.file = kData + "/topology/h200.json";
+  opts_.file = data("topology/h200.json");
   DeviceInfo d = h200_device();
   d.sm_count = 114;
   EXPECT_NE(error_of(d).find("has 114 SMs, but the file says 132"), std::string::npos) << error_of(d);
@@ -203,7 +285,7 @@ TEST_F(TopologySource, TopologyFileMustMatchTheDeviceShape) {
 
 TEST_F(TopologySource, TopologyFileFromTheEnvironment) {
   opts_.use_env = true;
-  ScopedEnv e(kTopologyFileEnv, kData + "/topology/h200.json");
+  ScopedEnv e(kTopologyFileEnv, data("topology/h200.json"));
   ScopedEnv r(kNvdebugRootEnv, std::nullopt);
   EXPECT_EQ(get_topology(h200_device(), opts_).source, "file");
   // Without use_env the variable is ignored, and without cache or driver a
@@ -213,7 +295,7 @@ TEST_F(TopologySource, TopologyFileFromTheEnvironment) {
 }
 
 TEST_F(TopologySource, BrokenTopologyFileIsAnError) {
-  opts_.file = kData + "/topology/duplicate_bit.json";
+  opts_.file = data("topology/duplicate_bit.json");
   EXPECT_NE(error_of(h200_device()).find("tpcs[1].bit: bit 5 already controls TPC 0"), std::string::npos);
   opts_.file = dir_ + "/absent.json";
   EXPECT_NE(error_of(h200_device()).find("cannot open"), std::string::npos);

@@ -19,6 +19,7 @@
 
 #include "nvtaskset/options.hpp"
 #include "nvtaskset/topology_source.hpp"
+#include "nvtaskset/trusted_file.hpp"
 
 namespace nvtaskset::topo {
 
@@ -31,6 +32,9 @@ constexpr const char* kSchema = "nvtaskset-devices/1";
 // Bounds: procfs files are small; anything larger is not what we expect.
 constexpr std::size_t kMaxFile = 64 * 1024;
 constexpr std::size_t kMaxEntries = 4096;
+// More GPUs than any one machine holds: a list longer than this is not one
+// this CLI wrote.
+constexpr std::size_t kMaxCachedDevices = 64;
 
 std::optional<std::string> slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -97,7 +101,8 @@ DeviceInfo device_from_json(const json& j) {
   d.sm_count = j.at("sm_count").get<unsigned>();
   d.driver_version = j.at("driver_version").get<int>();
   d.driver_release = j.at("driver_release").get<std::string>();
-  if (d.sm_count == 0 || d.sm_count % 2 != 0) throw std::runtime_error("bad sm_count");
+  // A TPC mask names at most 128 TPCs of 2 SMs.
+  if (d.sm_count == 0 || d.sm_count % 2 != 0 || d.sm_count > 2 * Bits128::kSize) throw std::runtime_error("bad sm_count");
   return d;
 }
 
@@ -147,32 +152,25 @@ std::optional<CachedDevices> device_cache_load(const std::string& key, const Dev
     spdlog::debug("device cache {}: not used ({})", path, why);
     return std::nullopt;
   };
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
-  if (fd < 0) return miss("absent");
-  struct stat st {};
-  const bool ok = ::fstat(fd, &st) == 0;
-  std::string text;
-  if (ok && S_ISREG(st.st_mode) && st.st_size >= 0 && static_cast<std::size_t>(st.st_size) <= kMaxFile) {
-    text.resize(static_cast<std::size_t>(st.st_size));
-    std::size_t got = 0;
-    while (got < text.size()) {
-      const ssize_t n = ::read(fd, text.data() + got, text.size() - got);
-      if (n <= 0) break;
-      got += static_cast<std::size_t>(n);
-    }
-    text.resize(got);
+  // As every shared file (trusted_file.hpp): a FIFO planted here hung the
+  // launch in open(), before O_NONBLOCK. A file that fails is a miss, said
+  // in one line: the driver is asked instead, and the store replaces it.
+  ctl::TrustedRead r = ctl::read_trusted_file(path, kMaxFile);
+  if (r.absent) return miss("absent");
+  if (r.ok()) r.error = ctl::check_trusted_parent(path);
+  if (!r.ok()) {
+    spdlog::warn("device cache not used: {}", r.error);
+    return std::nullopt;
   }
-  ::close(fd);
-  if (!ok || !S_ISREG(st.st_mode)) return miss("not a regular file");
-  if (st.st_uid != ::geteuid() || (st.st_mode & 022) != 0) return miss("not owned by this user, or writable by others");
   try {
-    const json j = json::parse(text);
+    const json j = json::parse(r.text);
     if (j.at("schema").get<std::string>() != kSchema) return miss("another schema");
     if (j.at("key").get<std::string>() != key) return miss("the GPUs, driver or environment changed");
     CachedDevices c;
     c.driver_path = j.at("driver").at("path").get<std::string>();
     if (file_identity(c.driver_path) != j.at("driver").at("identity").get<std::string>())
       return miss("the driver file " + c.driver_path + " changed");
+    if (!j.at("devices").is_array() || j.at("devices").size() > kMaxCachedDevices) return miss("too many devices");
     for (const json& d : j.at("devices")) c.devices.push_back(device_from_json(d));
     if (c.devices.empty()) return miss("no devices");
     for (std::size_t i = 0; i < c.devices.size(); ++i)
@@ -193,9 +191,9 @@ std::string device_cache_store(const std::string& key, const CachedDevices& c, c
   json j{{"schema", kSchema}, {"key", key}, {"driver", {{"path", c.driver_path}, {"identity", identity}}}};
   j["devices"] = json::array();
   for (const DeviceInfo& d : c.devices) j["devices"].push_back(device_to_json(d));
-  std::error_code ec;
-  fs::create_directories(fs::path(path).parent_path(), ec);
-  if (ec) return "cannot create " + fs::path(path).parent_path().string() + ": " + ec.message();
+  const std::string dir = fs::path(path).parent_path().string();
+  if (std::string e = ctl::make_trusted_dirs(dir, 0755); !e.empty()) return e;
+  if (std::string e = ctl::check_trusted_dir(dir); !e.empty()) return e;
   const std::string tmp = path + fmt::format(".tmp.{}", ::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return "cannot write " + tmp;

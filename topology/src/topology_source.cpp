@@ -18,6 +18,7 @@
 #include "nvtaskset/cuda_driver.hpp"
 #include "nvtaskset/nvdebug.hpp"
 #include "nvtaskset/topology_json.hpp"
+#include "nvtaskset/trusted_file.hpp"
 
 namespace nvtaskset::topo {
 
@@ -58,8 +59,32 @@ std::string describe_device(const DeviceInfo& d) {
   return fmt::format("device {} ({}, {})", d.ordinal, d.name, uuid_to_string(d.uuid));
 }
 
+// Bounds on files nvtaskset reads but did not necessarily write. A cache
+// file holds one GPU (under 20 KiB pretty-printed at the 128 TPCs a mask can
+// name); a topology file may describe many GPUs.
+constexpr std::size_t kMaxCacheBytes = 256 * 1024;
+constexpr std::size_t kMaxTopologyFileBytes = 4 * 1024 * 1024;
+
+// A topology file read as every shared file is (trusted_file.hpp): the path
+// may come from the environment, which `sudo -E` hands to root unchanged.
+std::vector<Topology> load_trusted(const std::string& path, std::size_t max_bytes) {
+  ctl::TrustedRead r = ctl::read_trusted_file(path, max_bytes);
+  if (r.ok()) r.error = ctl::check_trusted_parent(path);
+  if (!r.ok()) throw std::runtime_error(r.error);
+  try {
+    return topologies_from_text(r.text);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(fmt::format("{}: {}", path, e.what()));
+  }
+}
+
 Topology from_file(const DeviceInfo& dev, const std::string& path) {
-  std::vector<Topology> all = load_topology_file(path);
+  std::vector<Topology> all;
+  try {
+    all = load_trusted(path, kMaxTopologyFileBytes);
+  } catch (const std::runtime_error& e) {
+    throw std::runtime_error(fmt::format("topology file {}", e.what()));
+  }
   for (Topology& t : all) {
     if (t.device.uuid != dev.uuid) continue;
     if (t.device.sm_count != dev.sm_count)
@@ -131,11 +156,25 @@ std::string cache_file_name(const DeviceInfo& dev) {
 std::optional<Topology> cache_load(const DeviceInfo& dev, const TopologyOptions& opts) {
   for (const std::string& dir : cache_read_dirs(opts)) {
     const std::string path = (fs::path(dir) / cache_file_name(dev)).string();
-    std::error_code ec;
-    if (!fs::exists(path, ec)) continue;
+    // Never followed, never waited on, never read past kMaxCacheBytes, and
+    // used only when no other user could have written it (a cache directory
+    // another user can write, e.g. a shared XDG_CACHE_HOME kept by `sudo -E`,
+    // moved root's TPCs). Such a file is a miss: the layout is measured anew.
+    ctl::TrustedRead r = ctl::read_trusted_file(path, kMaxCacheBytes);
+    if (r.absent) continue;
+    if (r.ok()) r.error = ctl::check_trusted_dir(dir);
+    if (!r.ok()) {
+      spdlog::warn("topology cache not used: {}", r.error);
+      continue;
+    }
     try {
-      std::vector<Topology> all = load_topology_file(path);
-      if (all.size() != 1) throw std::runtime_error("expected one device");
+      std::vector<Topology> all;
+      try {
+        all = topologies_from_text(r.text);
+      } catch (const std::runtime_error& e) {
+        throw std::runtime_error(fmt::format("{}: {}", path, e.what()));
+      }
+      if (all.size() != 1) throw std::runtime_error(path + ": expected one device");
       Topology& t = all[0];
       const DeviceInfo& c = t.device;
       std::string miss;
@@ -169,10 +208,14 @@ std::string cache_store(const Topology& t, const TopologyOptions& opts, std::str
     *why = "no cache directory (neither HOME nor XDG_CACHE_HOME is set)";
     return "";
   }
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) {
-    *why = fmt::format("cannot create {}: {}", dir, ec.message());
+  // 0755 whatever the umask: a directory this program creates must pass the
+  // check its readers make. One that does not pass gets nothing written.
+  if (std::string e = ctl::make_trusted_dirs(dir, 0755); !e.empty()) {
+    *why = e;
+    return "";
+  }
+  if (std::string e = ctl::check_trusted_dir(dir); !e.empty()) {
+    *why = e;
     return "";
   }
   const std::string path = (fs::path(dir) / cache_file_name(t.device)).string();
@@ -205,7 +248,11 @@ Topology get_topology(const DeviceInfo& dev, const TopologyOptions& opts) {
       if (!opts.driver) throw std::runtime_error(fmt::format("calibrating {} needs the CUDA driver", describe_device(dev)));
       t = calibrate(*opts.driver, dev, opts.progress, opts.calibration);
     } else {
-      t = *identity_topology(dev);
+      auto id = identity_topology(dev);
+      if (!id)
+        throw std::runtime_error(fmt::format("{} claims {} SMs, more than a TPC mask can name", describe_device(dev),
+                                             dev.sm_count));
+      t = std::move(*id);
     }
     std::string note;
     try {
