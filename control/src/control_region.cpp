@@ -267,9 +267,10 @@ std::unique_ptr<Region::Impl> map_fd(int fd) {
 std::unique_ptr<Region> Region::create_for_self(const std::vector<DevicePartition>& initial) {
   const pid_t self = ::getpid();
   const std::uint64_t start = process_start_time(self);
-  // A region this process already has: an earlier image of it (before
-  // execve) created it, or another copy of the shim in this image did. It
-  // is ours only if everything about it says so; anything else is closed.
+  // A region this process already has: another copy of the shim in this
+  // image created it (the descriptor is close-on-exec, so no earlier image's
+  // survives). It is ours only if everything about it says so; anything else
+  // is closed.
   for (int fd : region_fds(self)) {
     if (check_file(fd, static_cast<long>(::geteuid())).empty()) {
       auto impl = map_fd(::fcntl(fd, F_DUPFD_CLOEXEC, 3));
@@ -282,8 +283,12 @@ std::unique_ptr<Region> Region::create_for_self(const std::vector<DevicePartitio
   // descriptors (the ancestors keep their own).
   for (int fd : fds_where(self, [](std::string_view t) { return t.starts_with("/memfd:nvtaskset."); })) ::close(fd);
 
-  // Not close-on-exec: the region outlives execve(), so live changes do too.
-  const int fd = ::memfd_create(region_name(self).c_str(), MFD_ALLOW_SEALING);
+  // Close-on-exec: a descriptor that crossed execve() would reach every
+  // child started through a path that runs no fork handler (system(),
+  // popen(), posix_spawn(), vfork()), and one that then switched user could
+  // steer this task. A new image finds its partition again from its status
+  // entry or its ancestors (shim.cpp, initial_partitions).
+  const int fd = ::memfd_create(region_name(self).c_str(), MFD_ALLOW_SEALING | MFD_CLOEXEC);
   if (fd < 0) throw Error(std::string("cannot create the control region: memfd_create: ") + std::strerror(errno));
   if (::fchmod(fd, 0600) != 0 || ::ftruncate(fd, sizeof(Header)) != 0 ||
       ::fcntl(fd, F_ADD_SEALS, kSeals | F_SEAL_SEAL) != 0) {

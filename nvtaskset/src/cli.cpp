@@ -1196,6 +1196,20 @@ int run(int argc, char** argv) {
   try {
     // Pair each list with the -d that precedes it.
     std::size_t it = 0, ig = 0, ip = 0, id = 0, in = 0;
+  // And preload it: a wrapper script, a conda activation or a container
+  // entry point that replaces LD_LIBRARY_PATH would otherwise drop the shim,
+  // and the task would find the real driver and run on all TPCs. The
+  // preloaded shim registers the soname libcuda.so.1, so the program's own
+  // libcuda.so.1 (linked or dlopen()ed) is the shim; in a process that never
+  // calls the driver it does nothing (shim.cpp, shim_constructor).
+  const std::string shim = shim_dir + "/libcuda.so.1";
+  if (std::string* e = find("LD_PRELOAD"); e && e->size() > std::strlen("LD_PRELOAD=")) {
+    const std::vector<std::string> items = loader_list(std::string_view(*e).substr(std::strlen("LD_PRELOAD=")));
+    if (std::find(items.begin(), items.end(), shim) == items.end())
+      *e = "LD_PRELOAD=" + shim + ":" + e->substr(std::strlen("LD_PRELOAD="));
+  } else {
+    set("LD_PRELOAD", shim);
+  }
     std::string device;
     for (const CLI::Option* opt : app.parse_order()) {
       if (opt == opt_d) {

@@ -27,6 +27,7 @@
 #include <dlfcn.h>
 #include <pthread.h>
 #include <sys/auxv.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -50,6 +51,7 @@
 #include "nvtaskset/launch_hook.hpp"
 #include "nvtaskset/log_level.hpp"
 #include "nvtaskset/options.hpp"
+#include "nvtaskset/proc.hpp"
 #include "nvtaskset/status.hpp"
 #include "nvtaskset/partition.hpp"
 #include "nvtaskset/tmd.hpp"
@@ -140,18 +142,22 @@ static_assert(static_cast<int>(LogLevel::kTrace) == spdlog::level::trace &&
               static_cast<int>(LogLevel::kWarn) == spdlog::level::warn &&
               static_cast<int>(LogLevel::kOff) == spdlog::level::off);
 
+// An unknown NVTASKSET_LOG, said once when the process first calls the
+// driver (run_init), not at load (setup_region).
+bool g_log_setting_unknown = false;
+// Why no shared control region could be made (said by run_init).
+char g_region_error[256] = "";
+
 void init_logging() {
   // The CLI's parser (log_level.hpp): any case; unset or empty is warn; an
   // unknown value is warn, and said so once.
-  const char* value = std::getenv(kLogEnv);
-  const LogSetting setting = log_setting(value);
+  const LogSetting setting = log_setting(std::getenv(kLogEnv));
   auto sink = std::make_shared<spdlog::sinks::stderr_sink_st>();
   g_logger = new spdlog::logger("nvtaskset", std::move(sink));
   g_logger->set_pattern("nvtaskset[%P]: %l: %v");
   g_logger->set_level(static_cast<spdlog::level::level_enum>(setting.level));
   g_logger->flush_on(spdlog::level::trace);
-  if (setting.unknown)
-    log(spdlog::level::warn, "{}={}: unknown level ({}); using warn", kLogEnv, value, kLogLevelNames);
+  g_log_setting_unknown = setting.unknown;
 }
 
 // ---- partitions ------------------------------------------------------------------
@@ -174,33 +180,33 @@ std::string describe(const std::vector<DevicePartition>& parts) {
   return s;
 }
 
-// Where a task's partition comes from: a parent that runs under nvtaskset
-// (same user, live region) hands down its CURRENT partitions, so children it
-// execs follow `nvtaskset -p` changes made after it started; otherwise the
-// CLI's $NVTASKSET_PARTITION. A malformed variable ends the process: running
-// on TPCs the user did not ask for is worse than not running.
 // nvtaskset exec'd this very process (same PID) with the partition the user
-// just asked for: it wins over a partitioned parent's, and over a region an
-// earlier image of this process left (a fork child gets a region from the
-// shim's fork handler, which outlives its exec of nvtaskset).
+// just asked for ($NVTASKSET_PARTITION_PID).
 bool partition_set_by_cli() {
   const char* from_cli = std::getenv(kPartitionPidEnv);
   return from_cli != nullptr && std::to_string(::getpid()) == from_cli;
 }
 
-std::vector<DevicePartition> initial_partitions() {
-  const bool cli_is_parent_of_image = partition_set_by_cli();
-  const pid_t ppid = ::getppid();
-  if (ppid > 1 && !cli_is_parent_of_image) {
-    try {
-      const auto parent = ctl::Region::attach(ppid);
-      auto parts = parent->read_all();
-      log(spdlog::level::debug, "partition inherited from parent {}: {}", ppid, describe(parts));
-      return parts;
-    } catch (const std::exception& e) {
-      log(spdlog::level::trace, "parent {} has no control region: {}", ppid, e.what());
-    }
-  }
+// How far up the process tree a partition is looked for.
+constexpr int kMaxAncestors = 64;
+
+// Where a task's partition comes from, the first that applies. A new image
+// never holds an earlier image's region (its descriptor is close-on-exec, so
+// that no child can steer the task through it), so:
+//  1. this process's own status entry: what nvtaskset last wrote for this
+//     PID (the CLI before it exec'd the task, `-p` since), so a partition
+//     changed live survives the task exec'ing another program;
+//  2. $NVTASKSET_PARTITION when the CLI exec'd this very process (its entry
+//     could not be published);
+//  3. the nearest ancestor under nvtaskset: its live region (same user),
+//     else its public status entry (another user's task: a child that
+//     switched user). Children started through a shell, system(),
+//     posix_spawn() or vfork() (no fork handler runs) so follow `-p` changes
+//     made after the task started, not the list it was launched with;
+//  4. $NVTASKSET_PARTITION as inherited, when no ancestor is left.
+// A malformed variable ends the process: running on TPCs the user did not
+// ask for is worse than not running.
+std::vector<DevicePartition> from_environment() {
   const char* env = std::getenv(kPartitionEnv);
   if (env == nullptr || *env == '\0') return {};
   try {
@@ -213,6 +219,44 @@ std::vector<DevicePartition> initial_partitions() {
     log(spdlog::level::err, "{}={}: {}", kPartitionEnv, env, e.what());
     std::exit(1);
   }
+}
+
+std::vector<DevicePartition> initial_partitions() {
+  const pid_t self = ::getpid();
+  std::vector<ctl::StatusEntry> status;
+  try {
+    status = ctl::read_status();
+  } catch (const std::exception& e) {
+    log(spdlog::level::debug, "status entries unreadable: {}", e.what());
+  }
+  auto entry_of = [&](pid_t pid) -> const ctl::StatusEntry* {
+    for (const ctl::StatusEntry& e : status)
+      if (e.pid == pid) return &e;
+    return nullptr;
+  };
+  if (const ctl::StatusEntry* own = entry_of(self)) {
+    log(spdlog::level::debug, "partition from this process's status entry: {}", describe(own->partitions));
+    return own->partitions;
+  }
+  if (partition_set_by_cli()) return from_environment();
+  pid_t pid = self;
+  for (int depth = 0; depth < kMaxAncestors; ++depth) {
+    pid = ctl::parent_pid(pid);
+    if (pid <= 1) break;
+    try {
+      const auto region = ctl::Region::attach(pid);
+      auto parts = region->read_all();
+      log(spdlog::level::debug, "partition inherited from ancestor {}: {}", pid, describe(parts));
+      return parts;
+    } catch (const std::exception& e) {
+      log(spdlog::level::trace, "ancestor {} has no control region this process may read: {}", pid, e.what());
+    }
+    if (const ctl::StatusEntry* e = entry_of(pid)) {
+      log(spdlog::level::debug, "partition from the status entry of ancestor {}: {}", pid, describe(e->partitions));
+      return e->partitions;
+    }
+  }
+  return from_environment();
 }
 
 // ---- which copy of the shim hooks launches -------------------------------------
@@ -760,6 +804,13 @@ void atfork_child() {
       log(spdlog::level::warn, "after fork: {}; the partition applies, but `nvtaskset -p` cannot reach this process",
           e.what());
   }
+  // The parent's region is the parent's: a child that keeps a writable
+  // mapping of it, then switches user (a privilege-dropping helper), could
+  // steer the parent. Only this thread exists in the child and no launch is
+  // in flight here, so nothing reads the mapping any more. (Its descriptor
+  // was closed by create_for_self; the Region object is leaked, never
+  // destroyed, so nothing closes a reused descriptor number.)
+  if (old != &g_local_header) ::munmap(static_cast<void*>(old), sizeof(ctl::Header));
 }
 
 // ---- the one-time init ---------------------------------------------------------------
@@ -789,10 +840,48 @@ void fill_slots(void* real) {
   }
 }
 
+// Phase one of the init: the partition and the control region, no driver.
+// Runs at load in the process nvtaskset exec'd (so `-p` reaches it, and its
+// children find its partition, before it touches the GPU, if it ever does),
+// else as the first step of run_init. Says nothing: a process that never
+// calls the driver (a shell, `true`) must not print the shim's warnings.
+pthread_once_t g_region_once = PTHREAD_ONCE_INIT;
+
+void setup_region() {
+  init_logging();
+  const std::vector<DevicePartition> initial = initial_partitions();
+  // The control region. Without one the partition still applies (from a
+  // process-local copy); only live changes are lost.
+  ctl::Header* header = nullptr;
+  try {
+    auto region = ctl::Region::create_for_self(initial);
+    if (partition_set_by_cli()) {
+      // Another copy of the shim in this image may have created the region:
+      // replace whatever it holds with what the CLI was asked for.
+      for (const DevicePartition& old : region->read_all()) {
+        bool kept = false;
+        for (const DevicePartition& dp : initial) kept = kept || dp.device == old.device;
+        if (!kept) region->write({old.device, Partition{}, old.desc});
+      }
+      for (const DevicePartition& dp : initial) region->write(dp);
+    }
+    header = &region->header();
+    g_region.store(region.release(), std::memory_order_release);
+  } catch (const std::exception& e) {
+    ctl::init_header(g_local_header, initial);
+    header = &g_local_header;
+    std::snprintf(g_region_error, sizeof g_region_error, "%s", e.what());
+  }
+  g_header.store(header, std::memory_order_release);
+  ::pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+}
+
 void run_init() {
   g_init_thread.store(::pthread_self(), std::memory_order_relaxed);
   g_in_init.store(true, std::memory_order_release);
-  init_logging();
+  ::pthread_once(&g_region_once, setup_region);
+  if (g_log_setting_unknown)
+    log(spdlog::level::warn, "{}={}: unknown level ({}); using warn", kLogEnv, std::getenv(kLogEnv), kLogLevelNames);
 
   // The policies (options.hpp): an unknown value keeps the safe default.
   for (const Option o : {Option::kOnUnsupported, Option::kOnClusterMisfit, Option::kSmCount}) {
@@ -805,8 +894,6 @@ void run_init() {
     else g_partition_sm_count.store(c.index == 1, std::memory_order_relaxed);
   }
   const bool warn_only = g_warn_unsupported.load(std::memory_order_relaxed);
-
-  const std::vector<DevicePartition> initial = initial_partitions();
 
   // The real driver. dladdr names this very file, however the loader found it.
   LocateOptions opts;
@@ -823,44 +910,29 @@ void run_init() {
   }
   log(spdlog::level::debug, "real driver: {}", path);
 
-  // The control region. Without one the partition still applies (from a
-  // process-local copy); only live changes are lost.
-  ctl::Header* header = nullptr;
-  try {
-    auto region = ctl::Region::create_for_self(initial);
-    if (partition_set_by_cli()) {
-      // The region may predate this image (see partition_set_by_cli):
-      // replace whatever it holds with what the CLI was asked for.
-      for (const DevicePartition& old : region->read_all()) {
-        bool kept = false;
-        for (const DevicePartition& dp : initial) kept = kept || dp.device == old.device;
-        if (!kept) region->write({old.device, Partition{}, old.desc});
-      }
-      for (const DevicePartition& dp : initial) region->write(dp);
-    }
-    header = &region->header();
-    g_region.store(region.release(), std::memory_order_release);
+  ctl::Header* header = g_header.load(std::memory_order_acquire);
+  if (g_region.load(std::memory_order_acquire) != nullptr) {
     log(spdlog::level::debug, "control region {}", ctl::region_name(::getpid()));
-  } catch (const std::exception& e) {
-    ctl::init_header(g_local_header, initial);
-    header = &g_local_header;
-    if (any_active(initial))
+  } else {
+    std::vector<DevicePartition> parts;
+    try {
+      parts = ctl::read_all(*header);
+    } catch (const std::exception&) {
+    }
+    if (any_active(parts))
       log(spdlog::level::warn, "{}; the partition applies, but `nvtaskset -p` cannot reach this process",
-          e.what());
+          static_cast<const char*>(g_region_error));
     else
-      log(spdlog::level::debug, "{}", e.what());
+      log(spdlog::level::debug, "{}", static_cast<const char*>(g_region_error));
   }
   header->cluster_policy.store(g_widen_clusters.load(std::memory_order_relaxed) ? 1 : 0, std::memory_order_relaxed);
-  g_header.store(header, std::memory_order_release);
   graphs::set_header(&g_header);
   graphs::set_warn([](const char* m) { log(spdlog::level::warn, "{}", m); });
   graphs::set_hand_out_hook(&hand_out);
   std::atexit(at_exit);
-  ::pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
-  // What applies now: `initial`, unless the region already existed (an
-  // earlier image of this process before execve(), or another copy of the
-  // shim), whose live partitions then stay in force.
-  std::vector<DevicePartition> current = initial;
+  // What applies now: what the region holds (another copy of the shim in
+  // this image, or `-p` since the region was set up, may have changed it).
+  std::vector<DevicePartition> current;
   try {
     current = ctl::read_all(*header);
   } catch (const std::exception& e) {
@@ -907,7 +979,17 @@ void run_init() {
   g_in_init.store(false, std::memory_order_release);
 }
 
-__attribute__((constructor)) void shim_constructor() { ::pthread_once(&g_once, run_init); }
+// The CLI preloads the shim (LD_PRELOAD as well as LD_LIBRARY_PATH), so that
+// a wrapper that replaces LD_LIBRARY_PATH cannot drop it; it is then loaded
+// into every process of the task, shells and data-loader workers included.
+// Only the process nvtaskset exec'd sets up at load, and only its region
+// (setup_region: `-p` reaches it, and its children find its partition,
+// before it touches the GPU). The rest of the init, the driver included,
+// waits for the first driver call (the trampolines' slow path): a process
+// that never calls the driver never loads it.
+__attribute__((constructor)) void shim_constructor() {
+  if (partition_set_by_cli()) ::pthread_once(&g_region_once, setup_region);
+}
 
 }  // namespace
 }  // namespace nvtaskset

@@ -210,8 +210,9 @@ struct Error : std::runtime_error {
 // be opened through /proc/<pid>/fd, which the kernel allows to the task's
 // own user and root only; its size is sealed, so even they cannot truncate
 // it under the task (a mapping past the end would fault); and it vanishes
-// with the process. The descriptor stays open across execve(), so a
-// partition changed live survives the task exec'ing another program.
+// with the process. The descriptor is close-on-exec, so no program the task
+// starts (or becomes) holds it: a new image reads its current partition
+// from the task's status entry instead (shim.cpp, initial_partitions).
 std::string region_name(pid_t pid);
 // /proc/<pid>/stat field 22, or 0 when the process does not exist.
 std::uint64_t process_start_time(pid_t pid);
@@ -219,7 +220,7 @@ std::uint64_t process_start_time(pid_t pid);
 class Region {
  public:
   // Shim side: the calling process's region, seeded with `initial`; or the
-  // region an earlier image of this process (before execve) created, which
+  // region another copy of the shim in this process image created, which
   // keeps its live partitions. Throws Error.
   static std::unique_ptr<Region> create_for_self(const std::vector<DevicePartition>& initial);
   // CLI side: open a live process's region, after checking that it is the
