@@ -5,6 +5,8 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "nvtaskset/control_region.hpp"
+
 namespace nvtaskset {
 namespace {
 
@@ -96,7 +98,15 @@ std::string encode_partitions(const std::vector<DevicePartition>& parts) {
 std::vector<DevicePartition> decode_partitions(std::string_view text) {
   std::vector<DevicePartition> out;
   if (text.empty()) return out;
-  for (std::string_view entry : split(text, ';')) {
+  // The text may come from another user (a status entry): no count or size
+  // in it may exceed what a control region holds (control_region.cpp,
+  // validate: kMaxDevices entries, at most 256 SMs, cc up to 99.9), or a
+  // reader sizes its work by it (one entry claiming 999999998 SMs made
+  // every user's --status allocate gigabytes).
+  const std::vector<std::string_view> entries = split(text, ';');
+  if (entries.size() > ctl::kMaxDevices)
+    throw std::invalid_argument("more than " + std::to_string(ctl::kMaxDevices) + " device partitions");
+  for (std::string_view entry : entries) {
     const auto f = split(entry, ',');
     if (f.size() != 12) throw std::invalid_argument("bad partition entry '" + std::string(entry) + "'");
     DevicePartition dp;
@@ -118,6 +128,13 @@ std::vector<DevicePartition> decode_partitions(std::string_view text) {
     dp.partition.max_cluster = parse_uint(f[9]);
     dp.partition.widened.bits = parse_hex128(f[10]);
     dp.partition.widened_max_cluster = parse_uint(f[11]);
+    constexpr std::uint32_t kMaxSms = 2 * Bits128::kSize;  // a TPC mask names at most 128 TPCs of 2 SMs
+    if (dp.desc.sm_count > kMaxSms || dp.desc.sm_count % 2 != 0 || dp.desc.cc_major > 99 || dp.desc.cc_minor > 9)
+      throw std::invalid_argument("impossible GPU (" + std::to_string(dp.desc.sm_count) + " SMs, compute capability " +
+                                  std::to_string(dp.desc.cc_major) + "." + std::to_string(dp.desc.cc_minor) + ")");
+    // A cluster runs on SMs of one GPC, so no more than the GPU has.
+    if (dp.partition.max_cluster > kMaxSms || dp.partition.widened_max_cluster > kMaxSms)
+      throw std::invalid_argument("impossible cluster size");
     if (dp.partition.active() && dp.partition.enabled.empty())
       throw std::invalid_argument("partition enables no TPC");
     for (const auto& prev : out)

@@ -23,6 +23,7 @@
 #include "nvtaskset/control_region.hpp"
 #include "nvtaskset/options.hpp"
 #include "nvtaskset/proc.hpp"
+#include "nvtaskset/trusted_file.hpp"
 
 namespace nvtaskset::ctl {
 namespace {
@@ -33,7 +34,10 @@ constexpr const char* kPrefix = "nvtaskset-status.";
 constexpr const char* kTempSuffix = ".new";
 constexpr const char* kFormat = "nvtaskset-status 1";
 // An entry holds at most kMaxDevices partitions of ~150 bytes.
-constexpr off_t kMaxEntryBytes = 16384;
+constexpr std::size_t kMaxEntryBytes = 16384;
+// An entry has 4 lines (format, pid, start, partitions); a few more leave
+// room for a later format's keys. Beyond that it is not an entry.
+constexpr int kMaxEntryLines = 16;
 
 std::string random_hex() {
   std::uint64_t r = 0;
@@ -86,14 +90,10 @@ std::vector<File> entry_files(const std::string& dir) {
     const bool temp = rest.size() > tlen && rest.compare(rest.size() - tlen, tlen, kTempSuffix) == 0;
     if (temp) rest.resize(rest.size() - tlen);
     const auto dot = rest.find('.');
-    if (dot == std::string::npos || dot == 0 || dot > 10 || rest.size() - dot - 1 != 16) continue;
-    pid_t pid = 0;
-    bool ok = true;
-    for (std::size_t i = 0; i < dot; ++i) {
-      if (rest[i] < '0' || rest[i] > '9') ok = false;
-      else pid = pid * 10 + (rest[i] - '0');
-    }
-    if (ok && pid > 0) out.push_back({name, pid, temp});
+    if (dot == std::string::npos || rest.size() - dot - 1 != 16) continue;
+    // Anyone can create such a name: a checked parse, so ten digits cannot
+    // overflow the pid (UBSan caught "9999999999").
+    if (const auto pid = parse_pid(std::string_view(rest).substr(0, dot))) out.push_back({name, *pid, temp});
   }
   ::closedir(d);
   return out;
@@ -111,13 +111,16 @@ std::optional<Parsed> parse(const std::string& text) {
   if (!std::getline(in, line) || line != kFormat) return std::nullopt;
   Parsed p;
   bool have_pid = false, have_start = false, have_parts = false;
-  while (std::getline(in, line)) {
+  for (int lines = 1; std::getline(in, line); ++lines) {
+    if (lines >= kMaxEntryLines) return std::nullopt;
     const auto sp = line.find(' ');
     const std::string key = line.substr(0, sp);
     const std::string value = sp == std::string::npos ? "" : line.substr(sp + 1);
     try {
       if (key == "pid") {
-        p.pid = static_cast<pid_t>(std::stol(value));
+        const auto pid = parse_pid(value);
+        if (!pid) return std::nullopt;
+        p.pid = *pid;
         have_pid = true;
       } else if (key == "start") {
         p.start = std::stoull(value);
@@ -134,29 +137,14 @@ std::optional<Parsed> parse(const std::string& text) {
   return p;
 }
 
-// Reads an entry without following links or blocking on a FIFO; nullopt for
-// anything that is not a small regular file that only its owner can write.
+// Reads an entry as every shared file is read (trusted_file.hpp): no link
+// followed, no FIFO waited on, at most kMaxEntryBytes, writable by its owner
+// only. Any user may own one: read_status matches the owner with the task's
+// user. nullopt for anything else.
 std::optional<std::pair<std::string, struct stat>> read_entry(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
-  if (fd < 0) return std::nullopt;
-  struct stat st {};
-  std::string text;
-  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_size <= kMaxEntryBytes &&
-      (st.st_mode & (S_IWGRP | S_IWOTH)) == 0) {
-    text.resize(static_cast<std::size_t>(st.st_size));
-    ssize_t got = 0;
-    while (got < st.st_size) {
-      const ssize_t n = ::read(fd, text.data() + got, static_cast<std::size_t>(st.st_size - got));
-      if (n <= 0) break;
-      got += n;
-    }
-    text.resize(static_cast<std::size_t>(got));
-  } else {
-    ::close(fd);
-    return std::nullopt;
-  }
-  ::close(fd);
-  return std::make_pair(text, st);
+  TrustedRead r = read_trusted_file(path, kMaxEntryBytes, FileOwner::kAnyone);
+  if (!r.ok()) return std::nullopt;
+  return std::make_pair(std::move(r.text), r.st);
 }
 
 bool may_remove(const struct stat& st) { return ::geteuid() == 0 || st.st_uid == ::geteuid(); }

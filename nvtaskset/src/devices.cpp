@@ -106,6 +106,11 @@ const topo::DeviceInfo& Devices::select(const std::string& spec) {
 
 const topo::DeviceInfo* Devices::from_region(const DevicePartition& dp) {
   if (!dp.desc.known() || dp.device == kAnyDevice) return nullptr;
+  // The description may come from another user's status entry: the layout
+  // built from it has one element per TPC, so no more than a mask can name
+  // (decode_partitions refuses more too; a claimed 999999998 SMs cost every
+  // user's --status 6 GB before either check).
+  if (dp.desc.sm_count > 2 * Bits128::kSize || dp.desc.sm_count % 2 != 0) return nullptr;
   for (const auto& d : impl_->from_regions)
     if (d->uuid == dp.device) return d.get();
   auto d = std::make_unique<topo::DeviceInfo>();

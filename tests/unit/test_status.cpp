@@ -128,5 +128,67 @@ TEST_F(StatusDir, AnEntryBeingWrittenIsNotShownAndAWriterLeftoverGoes) {
   EXPECT_EQ(names(), std::vector<std::string>{live});
 }
 
+// An entry is anyone's text: every count and size in it is capped as the
+// control region caps its own (8 devices, 256 SMs), so no entry can size a
+// reader's work. One claiming 999999998 SMs made every user's --status
+// allocate 6.3 GB (the e2e test TrustFiles.HugeStatusEntry checks that).
+TEST_F(StatusDir, AnEntryClaimingAnImpossibleGpuIsNotAnEntry) {
+  ASSERT_EQ(publish_status(::getpid(), {tpcs({1})}), "");
+  ASSERT_EQ(names().size(), 1u);
+  const std::string path = dir_ + "/" + names()[0];
+  const std::string text = [&] {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  const auto at = text.find("partitions ");
+  ASSERT_NE(at, std::string::npos) << text;
+  const std::string head = text.substr(0, at + 11);
+  const std::string good = "GPU-fa4ecda0-0000-4000-8000-000000000000,1,0x2,0x2,0x0,16,9,0,13000,0,0x0,0";
+  auto entry = [&](const std::string& partitions) {
+    std::ofstream(path) << head << partitions << "\n";
+    return read_status();
+  };
+  ASSERT_EQ(entry(good).size(), 1u) << "a well-formed entry is read";
+  for (const std::string& bad : {
+           std::string("GPU-fa4ecda0-0000-4000-8000-000000000000,1,0x2,0x2,0x0,999999998,9,0,13000,0,0x0,0"),
+           std::string("GPU-fa4ecda0-0000-4000-8000-000000000000,1,0x2,0x2,0x0,258,9,0,13000,0,0x0,0"),
+           std::string("GPU-fa4ecda0-0000-4000-8000-000000000000,1,0x2,0x2,0x0,16,100,0,13000,0,0x0,0"),
+           std::string("GPU-fa4ecda0-0000-4000-8000-000000000000,1,0x2,0x2,0x0,16,9,0,13000,999999,0x0,0"),
+       }) {
+    EXPECT_TRUE(entry(bad).empty()) << bad;
+  }
+  // More device partitions than a region holds.
+  std::string many;
+  for (int i = 0; i < 9; ++i) {
+    char uuid[64];
+    std::snprintf(uuid, sizeof uuid, "GPU-fa4ecda0-0000-4000-8000-%012d", i);
+    many += std::string(many.empty() ? "" : ";") + uuid + ",1,0x2,0x2,0x0,16,9,0,13000,0,0x0,0";
+  }
+  EXPECT_TRUE(entry(many).empty());
+  EXPECT_EQ(entry(many.substr(0, many.rfind(';'))).size(), 1u) << "8 devices are fine";
+}
+
+// A name's PID is checked as it is parsed: "9999999999" overflowed an int
+// (UBSan) and the wrapped number named some other process. Such a name is no
+// entry, so nothing acts on it, not even the cleanup of ended tasks' entries.
+TEST_F(StatusDir, ANameWhosePidCannotExistIsNoEntry) {
+  ASSERT_EQ(publish_status(::getpid(), {tpcs({1})}), "");
+  ASSERT_EQ(names().size(), 1u);
+  const std::string text = [&] {
+    std::ifstream in(dir_ + "/" + names()[0]);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  for (const char* pid : {"9999999999", "4294967297", "04194305", "00001"}) {
+    const std::string name = dir_ + "/nvtaskset-status." + std::string(pid) + ".0123456789abcdef";
+    std::ofstream(name) << text;
+    fs::permissions(name, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                              fs::perms::others_read);
+  }
+  const auto st = read_status();
+  ASSERT_EQ(st.size(), 1u);
+  EXPECT_EQ(st[0].pid, ::getpid());
+  EXPECT_EQ(names().size(), 5u) << "left alone: they name no task";
+}
+
 }  // namespace
 }  // namespace nvtaskset::ctl

@@ -66,7 +66,9 @@ unsigned Topology::max_cluster() const {
 }
 
 std::optional<Topology> identity_topology(const DeviceInfo& dev) {
-  if (!dev.mask_bits_are_logical()) return std::nullopt;
+  // One element per TPC: never more than a mask names, whatever a device
+  // description (possibly another user's status entry) claims.
+  if (!dev.mask_bits_are_logical() || dev.tpc_count() > Bits128::kSize) return std::nullopt;
   Topology t;
   t.device = dev;
   t.source = "identity";
