@@ -6,6 +6,7 @@
 // and bound every wait so that a daemon that never answers cannot hang the CLI.
 #include "nvtaskset/mps.hpp"
 #include "nvtaskset/options.hpp"
+#include "nvtaskset/trusted_file.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
@@ -127,7 +128,35 @@ bool private_dir_ok(const std::string& dir, std::string* why) {
     *why = "not writable";
     return false;
   }
+  if (std::string e = ctl::check_trusted_dir(dir); !e.empty()) {
+    *why = e;
+    return false;
+  }
   return true;
+}
+
+// "" when no other user can have placed or can replace what is in `dir`
+// (trusted_file.hpp: owned by this user or root, nobody else may write to
+// it unless it is sticky, the same for every directory above it), and the
+// control socket in it, if any, is this user's or root's: in a sticky
+// directory anyone may create that name first. A daemon reached there is
+// one root's launches would wait on (a fake one delayed every launch and
+// --status) and that serves them as MPS clients.
+std::string pipe_dir_problem(const std::string& dir) {
+  if (std::string e = ctl::check_trusted_dir(dir); !e.empty()) return e;
+  const std::string sock = dir + "/control";
+  struct stat st {};
+  if (::lstat(sock.c_str(), &st) != 0) return "";
+  if (!S_ISSOCK(st.st_mode)) return sock + " is not a socket";
+  if (st.st_uid != 0 && st.st_uid != ::geteuid())
+    return fmt::format("{} is owned by uid {}, neither this user (uid {}) nor root", sock, st.st_uid, ::geteuid());
+  return "";
+}
+
+[[noreturn]] void refuse_pipe_dir(const std::string& why) {
+  throw Error(fmt::format(
+      "MPS pipe directory not used: {}; set CUDA_MPS_PIPE_DIRECTORY to a directory of your own, or use --no-mps",
+      why));
 }
 
 bool contains_shell_special(std::string_view s) {
@@ -407,18 +436,28 @@ std::string detail::log_directory(const LogDirDefaults& defaults) {
       spdlog::debug("mps: cannot create CUDA_MPS_LOG_DIRECTORY {}: {}", *dir, errno_text(e));
     else if (!is_writable_dir(*dir))
       spdlog::debug("mps: CUDA_MPS_LOG_DIRECTORY {} is not writable", *dir);
+    // But never a directory another user controls: the daemon (root's,
+    // often) writes its logs there, through whatever links they put in.
+    if (is_dir(*dir))
+      if (std::string why = ctl::check_trusted_dir(*dir); !why.empty())
+        throw Error(fmt::format(
+            "MPS log directory not used: {}; set CUDA_MPS_LOG_DIRECTORY to a directory of your own, or use --no-mps",
+            why));
     return *dir;
   }
 
   // /var/log is root's: a non-root user can neither create nor write
   // /var/log/nvidia-mps, and the daemon would then fail to start.
   const std::string& sys = defaults.system_dir;
-  if (is_writable_dir(sys)) return sys;
-  if (!is_dir(sys)) {
-    int e = make_dirs(sys, 0755);
-    if (e == 0 && is_writable_dir(sys)) return sys;
-    spdlog::debug("mps: cannot create {}: {}", sys, errno_text(e == 0 ? EACCES : e));
-  } else {
+  const bool existed = is_dir(sys);
+  if (!existed) {
+    if (int e = make_dirs(sys, 0755); e != 0) spdlog::debug("mps: cannot create {}: {}", sys, errno_text(e));
+  }
+  if (is_writable_dir(sys)) {
+    const std::string why = ctl::check_trusted_dir(sys);
+    if (why.empty()) return sys;
+    spdlog::warn("MPS log directory {} not used: {}", sys, why);
+  } else if (existed || is_dir(sys)) {
     spdlog::debug("mps: {} is not writable", sys);
   }
 
@@ -483,6 +522,9 @@ EnsureResult ensure_daemon(const Options& opts) {
         fmt::format("MPS pipe directory {} is too long: a unix socket path has at most {} bytes",
                     r.pipe_dir, sizeof(addr.sun_path) - 1));
 
+  // Neither used nor started in a directory another user controls.
+  if (struct stat st {}; ::lstat(r.pipe_dir.c_str(), &st) == 0)
+    if (std::string why = pipe_dir_problem(r.pipe_dir); !why.empty()) refuse_pipe_dir(why);
   if (daemon_running(r.pipe_dir)) return r;
 
   const Binary bin = resolve_binary(opts);
@@ -490,6 +532,8 @@ EnsureResult ensure_daemon(const Options& opts) {
   if (int e = make_dirs(r.pipe_dir, 0755); e != 0)
     throw Error(
         fmt::format("cannot create the MPS pipe directory {}: {}", r.pipe_dir, errno_text(e)));
+  // Again once it exists: another user may have created it meanwhile.
+  if (std::string why = pipe_dir_problem(r.pipe_dir); !why.empty()) refuse_pipe_dir(why);
 
   const auto t0 = Clock::now();
   auto deadline = t0 + opts.start_timeout;
@@ -624,11 +668,15 @@ void abandon_query(Query& q) {
   q.pid = -1;
 }
 
-// What the query printed (stdout), or nullopt when it failed or gave no
-// answer within `timeout` from now.
-std::optional<std::string> finish_query(Query& q, std::chrono::milliseconds timeout) {
+// An answer lists PIDs, one a line: a list of every PID Linux can hand out
+// would be under 32 MiB; what the daemon serves is a few lines. Beyond this
+// it is not the control program answering.
+constexpr std::size_t kMaxAnswerBytes = 64 * 1024;
+
+// What the query printed (stdout), or nullopt when it failed, printed more
+// than kMaxAnswerBytes, or gave no answer by `until`.
+std::optional<std::string> finish_query(Query& q, Clock::time_point until) {
   std::string text;
-  const auto until = std::chrono::steady_clock::now() + timeout;
   bool done = false;
   // Woken by the answer itself, not by a polling interval: every launch with
   // a running daemon waits for one of these (docs/results.md, Fig. 11a).
@@ -643,43 +691,66 @@ std::optional<std::string> finish_query(Query& q, std::chrono::milliseconds time
     if (n > 0) text.append(buf, static_cast<std::size_t>(n));
     else if (n == 0) done = true;
     else if (errno != EAGAIN && errno != EINTR) done = true;
+    if (text.size() > kMaxAnswerBytes) {
+      done = false;  // not an answer: given up below
+      break;
+    }
+  }
+  // Its exit, too, by `until`: a client that closed its output need not
+  // have exited.
+  int status = 0;
+  bool exited = false;
+  while (done && !exited) {
+    const pid_t w = ::waitpid(q.pid, &status, WNOHANG);
+    if (w == q.pid) exited = true;
+    else if (w < 0 && errno != EINTR) done = false;  // reaped elsewhere: no status to trust
+    else if (Clock::now() >= until) done = false;
+    else std::this_thread::sleep_for(std::chrono::microseconds{100});
   }
   if (!done) {
     abandon_query(q);
     return std::nullopt;
   }
   ::close(q.out);
-  int status = 0;
-  while (::waitpid(q.pid, &status, 0) < 0 && errno == EINTR) {
-  }
   q.pid = -1;
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return std::nullopt;
   return text;
 }
 
-constexpr std::chrono::milliseconds kQueryTimeout{3000};
+// The whole conversation with the control daemon, get_server_list and every
+// get_client_list, ends this long after it is read for: a daemon that
+// answers slowly (or a fake one in a pipe directory nobody checked, which
+// delayed launches by 2.9 s per server it named) costs a launch or --status
+// this much at most, not this much per server. The real daemon answers in
+// 0.7 ms over the exec of its client (H100 and H200, docs/results.md
+// Fig. 11a): 500 ms leaves room for a loaded machine and is still well
+// under a second. An answer that comes too late is reported and treated as
+// no server.
+constexpr std::chrono::milliseconds kConversationBudget{500};
+// Servers asked for their clients: the daemon runs one server per user at a
+// time (docs/hardware.md, "MPS"), so a few; an answer naming more is cut here.
+constexpr std::size_t kMaxServers = 16;
 
-std::optional<std::string> control_client(const Binary& bin, const std::string& commands) {
-  auto q = start_query(bin, commands);
-  if (!q) return std::nullopt;
-  return finish_query(*q, kQueryTimeout);
-}
-
-std::vector<long> numbers(const std::string& text) {
-  std::vector<long> out;
+// The PIDs in an answer (checked: a run of digits that is no PID is skipped),
+// each once, at most `limit`.
+std::vector<pid_t> pids_in(const std::string& text, std::size_t limit) {
+  std::vector<pid_t> out;
   std::size_t i = 0;
-  while (i < text.size()) {
+  while (i < text.size() && out.size() < limit) {
     while (i < text.size() && !std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
-    long v = 0;
-    bool any = false;
-    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
-      if (v < 100000000) v = v * 10 + (text[i] - '0');
-      any = true;
-      ++i;
-    }
-    if (any) out.push_back(v);
+    const std::size_t start = i;
+    while (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) ++i;
+    if (i == start) break;
+    const auto pid = ctl::parse_pid(std::string_view(text).substr(start, i - start));
+    if (pid && std::find(out.begin(), out.end(), *pid) == out.end()) out.push_back(*pid);
   }
   return out;
+}
+
+// How many client PIDs an answer lists (the daemon's clients are bounded by
+// MPS itself; the answer by kMaxAnswerBytes).
+unsigned count_pids(const std::string& text) {
+  return static_cast<unsigned>(pids_in(text, kMaxAnswerBytes).size());
 }
 
 // The control program, or nullopt when it cannot be found: then nobody can
@@ -692,28 +763,60 @@ std::optional<Binary> query_binary(const Options& opts) {
   }
 }
 
-// The servers a get_server_list answer names, each asked for its clients.
-std::vector<Server> servers_listed(const Binary& bin, const std::string& list, bool other_users_only) {
+void too_late(const char* what, const char* so) {
+  spdlog::warn("the MPS control daemon at {} did not answer {} within {} ms; {}", pipe_directory(), what,
+               kConversationBudget.count(), so);
+}
+
+// The servers a get_server_list answer names, each asked for its clients:
+// all at once, so the answers arrive together, by `until`.
+std::vector<Server> servers_listed(const Binary& bin, const std::string& list, bool other_users_only,
+                                   Clock::time_point until) {
   std::vector<Server> out;
-  for (long pid : numbers(list)) {
+  std::vector<std::optional<Query>> queries;
+  for (const pid_t pid : pids_in(list, kMaxServers)) {
     struct stat st {};
-    if (pid <= 0 || ::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0) continue;
+    if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0) continue;
     if (other_users_only && st.st_uid == ::getuid()) continue;
-    Server s{static_cast<pid_t>(pid), st.st_uid, 0};
-    if (const auto clients = control_client(bin, "get_client_list " + std::to_string(pid) + "\n"))
-      s.clients = static_cast<unsigned>(numbers(*clients).size());
-    out.push_back(s);
+    out.push_back(Server{pid, st.st_uid, 0});
+    queries.push_back(start_query(bin, "get_client_list " + std::to_string(pid) + "\n"));
   }
+  bool late = false;
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (!queries[i]) continue;
+    if (const auto clients = finish_query(*queries[i], until)) out[i].clients = count_pids(*clients);
+    else late = late || Clock::now() >= until;
+  }
+  if (late) too_late("get_client_list", "its servers' clients are not counted");
   return out;
 }
 
+// Whether a daemon answers at the pipe directory and may be asked anything:
+// not in a directory that fails pipe_dir_problem, which `warn` says in one
+// line (a launch says nothing here: ensure_daemon refuses it, in one line).
+bool may_ask_daemon(bool warn) {
+  const std::string dir = pipe_directory();
+  if (struct stat st {}; ::lstat(dir.c_str(), &st) != 0) return false;  // no directory, no daemon
+  if (const std::string why = pipe_dir_problem(dir); !why.empty()) {
+    if (warn) spdlog::warn("MPS servers not listed: {}", why);
+    return false;
+  }
+  return daemon_running(dir);
+}
+
 std::vector<Server> list_servers(const Options& opts, bool other_users_only) {
-  if (!daemon_running(pipe_directory())) return {};
+  const auto until = Clock::now() + kConversationBudget;
+  if (!may_ask_daemon(true)) return {};
   const auto bin = query_binary(opts);
   if (!bin) return {};
-  const auto list = control_client(*bin, "get_server_list\n");
-  if (!list) return {};
-  return servers_listed(*bin, *list, other_users_only);
+  auto q = start_query(*bin, "get_server_list\n");
+  if (!q) return {};
+  const auto list = finish_query(*q, until);
+  if (!list) {
+    if (Clock::now() >= until) too_late("get_server_list", "its servers are not listed");
+    return {};
+  }
+  return servers_listed(*bin, *list, other_users_only, until);
 }
 }  // namespace
 
@@ -729,7 +832,7 @@ struct OtherUsersCheck::Impl {
 
 OtherUsersCheck::OtherUsersCheck(const Options& opts) : impl_(std::make_unique<Impl>()) {
   impl_->opts = opts;
-  if (!daemon_running(pipe_directory())) return;
+  if (!may_ask_daemon(false)) return;
   impl_->bin = query_binary(opts);
   if (impl_->bin) impl_->query = start_query(*impl_->bin, "get_server_list\n");
 }
@@ -740,10 +843,15 @@ OtherUsersCheck::~OtherUsersCheck() {
 
 std::vector<Server> OtherUsersCheck::servers() {
   if (!impl_->query) return other_users_servers(impl_->opts);
-  const auto list = finish_query(*impl_->query, kQueryTimeout);
+  // The budget counts from here: the query ran while the caller planned.
+  const auto until = Clock::now() + kConversationBudget;
+  const auto list = finish_query(*impl_->query, until);
   impl_->query.reset();
-  if (!list) return {};
-  return servers_listed(*impl_->bin, *list, true);
+  if (!list) {
+    if (Clock::now() >= until) too_late("get_server_list", "its servers are not listed");
+    return {};
+  }
+  return servers_listed(*impl_->bin, *list, true, until);
 }
 
 std::string started_message(const EnsureResult& r) {

@@ -24,6 +24,10 @@
 //   FAKE_MPS_SERVERS=PID:N,...  servers get_server_list reports, N clients each
 //   FAKE_MPS_FD_REPORT=F at startup, write the open fd numbers (e.g. "0 1 2")
 //                        to file F: tests check that no stray fd was inherited
+//   FAKE_MPS_CLIENT_LIST_DELAY_MS=N  answer each get_client_list N ms late
+//                        (at most 10 s), from a child process, so the daemon
+//                        keeps answering others meanwhile: a slow or hostile
+//                        daemon, which must not delay a launch per server
 //
 // Wire format (fake only): one command per message; a reply is one message,
 // its first byte '0' (ok) or '1' (error), then the text to print.
@@ -161,6 +165,7 @@ void reply(int fd, char status, const std::string& text) {
 
 // Serves until quit or idle; returns the exit status.
 int serve(int listener, const Bound& bound, Log& log) {
+  ::signal(SIGCHLD, SIG_IGN);  // delayed repliers (FAKE_MPS_CLIENT_LIST_DELAY_MS) reap themselves
   std::vector<pollfd> fds{{listener, POLLIN, 0}};
   const long idle = idle_limit_ms();
   for (;;) {
@@ -213,7 +218,13 @@ int serve(int listener, const Bound& bound, Log& log) {
         for (const auto& [pid, clients] : fake_servers())
           if (pid == want)
             for (long c = 0; c < clients; ++c) list += std::to_string(900000 + c) + "\n";
-        reply(fds[i].fd, '0', list);
+        const long delay = std::min(10'000L, std::atol(env_or("FAKE_MPS_CLIENT_LIST_DELAY_MS", "0").c_str()));
+        if (delay > 0 && ::fork() == 0) {
+          ::usleep(static_cast<useconds_t>(delay) * 1000);
+          reply(fds[i].fd, '0', list);
+          ::_exit(0);
+        }
+        if (delay <= 0) reply(fds[i].fd, '0', list);
       } else
         reply(fds[i].fd, '1', "Unknown command: " + cmd + "\n");
       ++i;

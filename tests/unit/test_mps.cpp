@@ -556,6 +556,110 @@ TEST_F(MpsTest, StartedMessageForTheDefaultPipeDirectory) {
             "'/opt/it'\\''s/nvidia-cuda-mps-control'");
 }
 
+// --- directories and daemons another user controls ---------------------------
+
+// A pipe directory another user can write (or owns) is where they can run a
+// daemon of their own, or put one in place of ours: root's launches then
+// waited on it and became its clients. It is neither used nor started in,
+// in one line that says what to do.
+TEST_F(MpsTest, PipeDirectoryOthersCanWriteIsRefused) {
+  fs::create_directories(pipe_);
+  ::chmod(pipe_.c_str(), 0777);
+  try {
+    mps::ensure_daemon(fake_opts());
+    FAIL() << "expected mps::Error";
+  } catch (const mps::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("MPS pipe directory not used: " + pipe_ + " is writable by every user"), std::string::npos) << m;
+    EXPECT_NE(m.find("set CUDA_MPS_PIPE_DIRECTORY to a directory of your own, or use --no-mps"), std::string::npos)
+        << m;
+    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  }
+  EXPECT_FALSE(fs::exists(pipe_ + "/control")) << "no daemon was started there";
+  EXPECT_FALSE(fs::exists(fs::path(log_) / "control.log"));
+  if (::geteuid() == 0) {
+    ::chmod(pipe_.c_str(), 0755);
+    ASSERT_EQ(::chown(pipe_.c_str(), 54321, static_cast<gid_t>(-1)), 0);
+    try {
+      mps::ensure_daemon(fake_opts());
+      FAIL() << "expected mps::Error";
+    } catch (const mps::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(pipe_ + " is owned by uid 54321"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(pipe_ + "/control"));
+  }
+}
+
+// In a sticky directory anyone may create the socket's name first.
+TEST_F(MpsTest, AControlSocketOfAnotherUserIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a socket away";
+  fs::create_directories(pipe_);
+  ::chmod(pipe_.c_str(), 01777);
+  const int s = listen_at(pipe_ + "/control", SOCK_SEQPACKET);
+  ASSERT_GE(s, 0);
+  ASSERT_EQ(::chown((pipe_ + "/control").c_str(), 54321, static_cast<gid_t>(-1)), 0);
+  try {
+    mps::ensure_daemon(fake_opts());
+    ADD_FAILURE() << "expected mps::Error";
+  } catch (const mps::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(pipe_ + "/control is owned by uid 54321"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(mps::servers(fake_opts()).empty());
+  ::close(s);
+}
+
+// --status and a launch ask the daemon whom its servers serve: never one in
+// a directory that fails the check (the daemon below is asked nothing).
+TEST_F(MpsTest, ServersAreNotAskedOfADaemonInADirectoryOthersCanWrite) {
+  ::setenv("FAKE_MPS_SERVERS", (std::to_string(::getpid()) + ":2").c_str(), 1);
+  ASSERT_TRUE(mps::ensure_daemon(fake_opts()).started);
+  ::unsetenv("FAKE_MPS_SERVERS");
+  ::chmod(pipe_.c_str(), 0777);
+  EXPECT_TRUE(mps::servers(fake_opts()).empty());
+  {
+    mps::OtherUsersCheck check(fake_opts());
+    EXPECT_TRUE(check.servers().empty());
+  }
+  EXPECT_EQ(read_file(fs::path(log_) / "control.log").find("command: get_server_list"), std::string::npos);
+  ::chmod(pipe_.c_str(), 0755);
+  EXPECT_EQ(mps::servers(fake_opts()).size(), 1u) << "the same daemon, once the directory is safe";
+}
+
+TEST_F(MpsTest, LogDirectoryOthersCanWriteIsRefused) {
+  fs::create_directories(log_);
+  ::chmod(log_.c_str(), 0777);
+  try {
+    mps::ensure_daemon(fake_opts());
+    FAIL() << "expected mps::Error";
+  } catch (const mps::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("MPS log directory not used: " + log_ + " is writable by every user"), std::string::npos) << m;
+    EXPECT_NE(m.find("CUDA_MPS_LOG_DIRECTORY"), std::string::npos) << m;
+  }
+  EXPECT_FALSE(mps::daemon_running(pipe_));
+}
+
+// A daemon that answers each get_client_list 2.9 s late (as a fake one did)
+// cost a launch or --status 2.9 s per server it named. The whole
+// conversation is bounded instead (mps.cpp, kConversationBudget: 500 ms):
+// three servers here took 8.7 s before; the 3 s asserted leaves a loaded
+// machine six times the bound.
+TEST_F(MpsTest, ASlowDaemonCostsABoundedTotalNotATimePerServer) {
+  const std::string list = std::to_string(::getpid()) + ":1," + std::to_string(::getppid()) + ":1,1:1";
+  ::setenv("FAKE_MPS_SERVERS", list.c_str(), 1);
+  ::setenv("FAKE_MPS_CLIENT_LIST_DELAY_MS", "2900", 1);
+  const bool started = mps::ensure_daemon(fake_opts()).started;
+  ::unsetenv("FAKE_MPS_SERVERS");
+  ::unsetenv("FAKE_MPS_CLIENT_LIST_DELAY_MS");
+  ASSERT_TRUE(started);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::vector<mps::Server> s = mps::servers(fake_opts());
+  const auto took = std::chrono::steady_clock::now() - t0;
+  EXPECT_LT(took, 3s);
+  EXPECT_EQ(s.size(), 3u) << "the servers are still named, their clients unknown";
+  for (const auto& sv : s) EXPECT_EQ(sv.clients, 0u);
+}
+
 // --- log directory ----------------------------------------------------------
 
 TEST_F(MpsTest, LogDirectoryFromTheEnvironmentIsCreated) {
