@@ -388,7 +388,9 @@ const DevicePartition* applied_to(const std::vector<DevicePartition>& parts, con
 }
 
 std::string cannot_apply(const Header& h) {
-  if (h.callback_registered.load(std::memory_order_acquire) == 0)
+  // 0: the shim has not loaded the driver yet, so nothing of it launches;
+  // a driver loaded around the shim is task_driver.hpp's to tell.
+  if (h.callback_registered.load(std::memory_order_acquire) == kHookFailed)
     return "its shim could not hook kernel launches";
   if (h.partition_unseen.load(std::memory_order_relaxed) != 0)
     return "it sees none of the GPUs its partition is for (CUDA_VISIBLE_DEVICES changed after nvtaskset chose "

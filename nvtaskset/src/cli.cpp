@@ -803,6 +803,10 @@ TaskPlan plan_task(const Options& o, pid_t pid, std::unique_ptr<ctl::Region> reg
   }
   return plan;
 }
+  const std::uint32_t hook = plan.region->header().callback_registered.load(std::memory_order_acquire);
+  if (const ctl::DriverUse use = ctl::task_driver_use(pid, hook != 0 && hook != ctl::kHookFailed);
+      use.state == ctl::DriverUse::State::kBypassed)
+    throw Failure("pid " + std::to_string(pid) + " runs on all TPCs: " + use.why);
   if (const ctl::DriverUse use =
           ctl::task_driver_use(pid, plan.region->header().callback_registered.load(std::memory_order_acquire) != 0);
       use.state == ctl::DriverUse::State::kBypassed)

@@ -277,7 +277,7 @@ std::uint32_t image_token() {
   };
   const std::uint64_t h = mix(w[0] ^ mix(w[1] + 0x9e3779b97f4a7c15ull));
   const auto t = static_cast<std::uint32_t>(h ^ (h >> 32));
-  return t != 0 ? t : 1;
+  return t != 0 && t != ctl::kHookFailed ? t : 1;
 }
 
 // True when this copy must subscribe (and now owns callback_registered).
@@ -960,7 +960,7 @@ void run_init() {
     const auto get_export_table = reinterpret_cast<hook::GetExportTableFn>(::dlsym(g_real, "cuGetExportTable"));
     std::string hook_why;
     if (!hook::subscribe(get_export_table, &on_launch, nullptr, &hook_why)) {
-      header->callback_registered.store(0, std::memory_order_release);
+      header->callback_registered.store(ctl::kHookFailed, std::memory_order_release);
       if (active && !warn_only) {
         log(spdlog::level::err, "cannot hook kernel launches ({}); refusing to run unpartitioned "
             "({}=warn runs anyway)", hook_why, option(Option::kOnUnsupported).name);

@@ -86,7 +86,10 @@ struct Header {
   std::atomic<std::uint64_t> kernels_masked;
   std::atomic<std::uint64_t> kernels_unsupported;  // unknown TMD layout while partitioned
   std::atomic<std::uint32_t> last_tmd_version;     // QMD version byte of the last TMD seen
-  std::atomic<std::uint32_t> callback_registered;  // non-zero: the token of the process image whose shim subscribed
+  // The token of the process image whose shim subscribed the launch
+  // callback; 0 while the shim has not loaded the driver yet (a region is set
+  // up at load, the driver at the first call); kHookFailed when it could not.
+  std::atomic<std::uint32_t> callback_registered;
   // CUDA graphs: live execs whose kernels follow partition changes, and
   // those that cannot (device-launched, conditional nodes, or a re-encode
   // that the driver did not perform). Written under the shim's graph lock.
@@ -236,6 +239,10 @@ class Region {
   Header& header() noexcept { return *header_; }
   const Header& header() const noexcept { return *header_; }
   pid_t pid() const noexcept { return header_->pid; }
+// callback_registered when the shim loaded the driver but could not
+// subscribe the launch callback (no image token takes this value).
+inline constexpr std::uint32_t kHookFailed = 0xffffffffu;
+
 
   // All entries in use (consistent snapshot of each). Throws Error when the
   // region cannot be read consistently (corrupt).
