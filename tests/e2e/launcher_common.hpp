@@ -25,10 +25,18 @@
 //   --spawn CMD...       (last) after the loop, fork and exec CMD (searched on
 //                        PATH) and wait for it, as a program that starts
 //                        another tool would
+//   --spawn-via HOW      how --spawn starts CMD: fork (default), vfork,
+//                        posix_spawn, or system (through /bin/sh, which runs
+//                        no fork handler, as system() and popen() do)
+//   --print-regions      after the loop, print "region-fd <link>" for each
+//                        descriptor and "region-map <line>" for each mapping
+//                        of a control region (memfd:nvtaskset.*) this
+//                        process holds
 // Prints "pid <pid>" first. Exit status: 0, or 2 (bad usage), 3 (driver
 // error), 4 (a child failed), 5 (--until-file never appeared).
 #pragma once
 
+#include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -39,6 +47,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
@@ -72,6 +81,8 @@ struct Options {
   bool exec_child = false;
   bool print_sms = false;
   std::vector<std::string> spawn;
+  std::string spawn_via = "fork";
+  bool print_regions = false;
 };
 
 inline bool exists(const std::string& path) {
@@ -107,6 +118,8 @@ inline Options parse(int argc, char** argv) {
     else if (a == "--fork") o.fork_child = true;
     else if (a == "--exec-child") o.exec_child = true;
     else if (a == "--print-sms") o.print_sms = true;
+    else if (a == "--spawn-via") { const char* v = value(); if (!v) usage("--spawn-via needs a method"); o.spawn_via = v; }
+    else if (a == "--print-regions") o.print_regions = true;
     else if (a == "--spawn") {
       for (++i; i < argc; ++i) o.spawn.push_back(argv[i]);
       if (o.spawn.empty()) usage("--spawn needs a command");
@@ -114,6 +127,8 @@ inline Options parse(int argc, char** argv) {
     else usage(("unknown option " + a).c_str());
   }
   if (o.threads < 1) usage("--threads must be at least 1");
+  if (o.spawn_via != "fork" && o.spawn_via != "vfork" && o.spawn_via != "posix_spawn" && o.spawn_via != "system")
+    usage("--spawn-via takes fork, vfork, posix_spawn or system");
   return o;
 }
 
@@ -240,6 +255,55 @@ inline pid_t start_child(const std::vector<std::string>& cmd) {
   return c;
 }
 
+inline void print_regions() {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    std::error_code ec2;
+    const std::string link = std::filesystem::read_symlink(e.path(), ec2).string();
+    if (link.find("memfd:nvtaskset.") != std::string::npos) std::printf("region-fd %s\n", link.c_str());
+  }
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);)
+    if (line.find("memfd:nvtaskset.") != std::string::npos) std::printf("region-map %s\n", line.c_str());
+}
+
+// Starts `cmd` (argv, searched on PATH) the way `how` says and waits for it.
+inline int spawn_and_wait(const std::vector<std::string>& cmd, const std::string& how) {
+  std::fflush(nullptr);
+  std::vector<char*> args;
+  for (const auto& a : cmd) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t c = -1;
+  if (how == "system") {
+    std::string line;
+    for (const auto& a : cmd) line += (line.empty() ? "'" : " '") + a + "'";
+    const int st = std::system(line.c_str());
+    if (WIFEXITED(st) && WEXITSTATUS(st) == 0) return 0;
+    std::fprintf(stderr, "launcher: system(%s) failed (status 0x%x)\n", line.c_str(), st);
+    return 4;
+  }
+  if (how == "posix_spawn") {
+    if (::posix_spawnp(&c, args[0], nullptr, nullptr, args.data(), environ) != 0) c = -1;
+  } else if (how == "vfork") {
+    c = ::vfork();
+    if (c == 0) {
+      ::execvp(args[0], args.data());
+      ::_exit(127);
+    }
+  } else {
+    c = ::fork();
+    if (c == 0) {
+      ::execvp(args[0], args.data());
+      ::_exit(127);
+    }
+  }
+  if (c < 0) {
+    std::perror("launcher: spawn");
+    return 3;
+  }
+  return wait_child(c);
+}
+
 inline int main(int argc, char** argv, const Driver& d) {
   const Options o = parse(argc, argv);
   g_device = o.device;
@@ -287,12 +351,9 @@ inline int main(int argc, char** argv, const Driver& d) {
     std::fflush(stdout);
     if (int r = wait_child(c)) rc = r;
   }
+  if (o.print_regions) print_regions();
   if (!o.spawn.empty()) {
-    std::vector<std::string> cmd{o.spawn.front()};
-    cmd.insert(cmd.end(), o.spawn.begin(), o.spawn.end());
-    const pid_t c = start_child(cmd);
-    if (c < 0) return 3;
-    if (int r = wait_child(c)) rc = r;
+    if (int r = spawn_and_wait(o.spawn, o.spawn_via)) rc = r;
   }
   return rc;
 }

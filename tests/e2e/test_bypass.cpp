@@ -1,0 +1,303 @@
+// SPDX-License-Identifier: Apache-2.0
+// End-to-end tests of the ways a task could reach the GPU around the shim:
+// programs the loader will not preload into, a wrapper that replaces the
+// library path, the driver under another name, children started by paths
+// that run no fork handler, and a user switch in between. Each one either
+// runs partitioned, is refused before it starts, or is shown as
+// UNPARTITIONED: never a partition reported that the launches do not get.
+#include <linux/capability.h>
+#include <sys/statvfs.h>
+#include <sys/xattr.h>
+
+#include "e2e_fixture.hpp"
+
+using namespace e2e;
+
+namespace {
+
+constexpr auto npos = std::string::npos;
+
+// Whether set-id bits and file capabilities take effect under `dir`.
+bool suid_honoured(const std::string& dir) {
+  struct statvfs v {};
+  return ::statvfs(dir.c_str(), &v) == 0 && (v.f_flag & ST_NOSUID) == 0;
+}
+
+class Bypass : public E2E {
+ protected:
+  void SetUp() override {
+    E2E::SetUp();
+    // Another user must reach the programs and the status directory.
+    ::chmod(dir_.c_str(), 0711);
+  }
+  // A copy of the linked launcher, as a program of the user's own.
+  std::string copy_of_launcher(const std::string& name) {
+    const std::string prog = path(name);
+    fs::copy_file(kLauncher, prog, fs::copy_options::overwrite_existing);
+    ::chmod(prog.c_str(), 0755);
+    return prog;
+  }
+};
+
+// 1. A set-gid program runs in secure-execution mode: the loader ignores
+// LD_LIBRARY_PATH and LD_PRELOAD, so it would reach the driver without the
+// shim and launch on all TPCs. Refused before it starts, however it is named.
+TEST_F(Bypass, SetGidProgramIsRefusedBeforeItStarts) {
+  const auto other = second_user();
+  if (!other) GTEST_SKIP() << "needs root to give a program another group (CI runs as root)";
+  if (!suid_honoured(dir_)) GTEST_SKIP() << dir_ << " is mounted nosuid: set-gid bits have no effect there";
+  const std::string prog = copy_of_launcher("rt_app");
+  ASSERT_EQ(::chown(prog.c_str(), 0, other->second), 0) << std::strerror(errno);
+  ASSERT_EQ(::chmod(prog.c_str(), 02755), 0) << std::strerror(errno);
+  // The hole: started as nvtaskset would start it, it never loads the shim.
+  Env direct = env_;
+  direct["LD_LIBRARY_PATH"] = shim_dir();
+  direct["LD_PRELOAD"] = kShim;
+  direct["NVTASKSET_PARTITION"] = "any,0x1,0x0,0x1,0x0";
+  ASSERT_TRUE(ExitedWith(run({prog, "--kernels", "1"}, direct), 0));
+  ASSERT_EQ(records().size(), 1u);
+  EXPECT_EQ(records()[0].mask, "0x0") << "the stand-in's own mask: no shim touched it";
+  ::unlink(record_.c_str());
+
+  Result r = run({kCli, "--no-mps", "-t", "0-3", prog, "--kernels", "1"});
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  EXPECT_NE(r.err.find(prog + " is set-gid (group "), npos) << r;
+  EXPECT_NE(r.err.find("secure-execution mode"), npos) << r;
+  EXPECT_NE(r.err.find("chmod g-s"), npos) << r;
+  EXPECT_FALSE(exists(record_)) << read_file(record_);
+  // Found on PATH, as execvp finds it.
+  Env env = env_;
+  env["PATH"] = dir_ + ":" + env["PATH"];
+  r = run({kCli, "--no-mps", "-t", "0-3", "rt_app", "--kernels", "1"}, env);
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  EXPECT_NE(r.err.find("is set-gid"), npos) << r;
+  // A script runs its interpreter: a set-gid interpreter is refused too.
+  const std::string script = path("wrapper");
+  std::ofstream(script) << "#!" << prog << " --kernels\n";
+  ::chmod(script.c_str(), 0755);
+  r = run({kCli, "--no-mps", "-t", "0-3", script});
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  EXPECT_NE(r.err.find("(the interpreter of " + script + ")"), npos) << r;
+  EXPECT_FALSE(exists(record_)) << read_file(record_);
+  // Without the bit it runs, on its TPCs.
+  ASSERT_EQ(::chmod(prog.c_str(), 0755), 0);
+  r = run({kCli, "--no-mps", "-t", "0-3", prog, "--kernels", "2"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  ASSERT_EQ(records().size(), 2u);
+  for (const auto& rec : records()) EXPECT_EQ(rec.mask, disable64(0xf)) << rec;
+}
+
+// A set-uid program of another user is refused; one of our own changes no
+// ID, so the loader honours the environment and it runs partitioned.
+TEST_F(Bypass, SetUidProgramOfAnotherUserIsRefused) {
+  const auto other = second_user();
+  if (!other) GTEST_SKIP() << "needs root to give a program another owner (CI runs as root)";
+  if (!suid_honoured(dir_)) GTEST_SKIP() << dir_ << " is mounted nosuid: set-uid bits have no effect there";
+  const std::string prog = copy_of_launcher("suid_app");
+  ASSERT_EQ(::chown(prog.c_str(), other->first, 0), 0);
+  ASSERT_EQ(::chmod(prog.c_str(), 04755), 0);
+  Result r = run({kCli, "--no-mps", "-t", "0-3", prog, "--kernels", "1"});
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  EXPECT_NE(r.err.find(prog + " is set-uid (owner nvtaskset-e2e)"), npos) << r;
+  ASSERT_EQ(::chown(prog.c_str(), ::getuid(), 0), 0);
+  ASSERT_EQ(::chmod(prog.c_str(), 04755), 0);  // chown clears the bit
+  r = run({kCli, "--no-mps", "-t", "0-3", prog, "--kernels", "1"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  ASSERT_EQ(records().size(), 1u);
+  EXPECT_EQ(records()[0].mask, disable64(0xf));
+}
+
+// File capabilities (`setcap cap_sys_nice+ep ./rt_app`, common for real-time
+// programs) put an unprivileged user's exec in secure-execution mode too.
+// Root's exec gains nothing it did not have, so root's runs partitioned.
+TEST_F(Bypass, FileCapabilitiesAreRefusedForAnUnprivilegedUser) {
+  const auto other = second_user();
+  if (!other) GTEST_SKIP() << "needs root to set file capabilities and a second user (CI runs as root)";
+  if (!suid_honoured(dir_)) GTEST_SKIP() << dir_ << " is mounted nosuid: file capabilities have no effect there";
+  const std::string prog = copy_of_launcher("rt_app");
+  // What `setcap cap_sys_nice+ep` writes (capability.h, vfs_cap_data v2).
+  std::uint32_t cap[5] = {VFS_CAP_REVISION_2 | VFS_CAP_FLAGS_EFFECTIVE, 1u << CAP_SYS_NICE, 0, 0, 0};
+  if (::setxattr(prog.c_str(), "security.capability", cap, sizeof cap, 0) != 0)
+    GTEST_SKIP() << "this file system keeps no file capabilities: " << std::strerror(errno);
+  // The other user needs to write the stand-in's record for the direct run.
+  touch(record_);
+  ::chmod(record_.c_str(), 0666);
+  // The hole, as that user: the loader ignores the shim.
+  Env direct = env_;
+  direct["LD_LIBRARY_PATH"] = shim_dir();
+  direct["LD_PRELOAD"] = kShim;
+  direct["NVTASKSET_PARTITION"] = "any,0x1,0x0,0x1,0x0";
+  ASSERT_TRUE(ExitedWith(run(as_user(*other, {prog, "--kernels", "1"}), direct), 0));
+  ASSERT_EQ(records().size(), 1u);
+  EXPECT_EQ(records()[0].mask, "0x0");
+  std::ofstream(record_, std::ios::trunc) << "";
+
+  Result r = run(as_user(*other, {kCli, "--no-mps", "-t", "0-3", prog, "--kernels", "1"}));
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  EXPECT_NE(r.err.find(prog + " carries file capabilities (cap_sys_nice+ep)"), npos) << r;
+  EXPECT_NE(r.err.find("setcap -r"), npos) << r;
+  EXPECT_TRUE(records().empty());
+  r = run({kCli, "--no-mps", "-t", "0-3", prog, "--kernels", "1"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  ASSERT_EQ(records().size(), 1u);
+  EXPECT_EQ(records()[0].mask, disable64(0xf));
+}
+
+// 2. A wrapper that replaces LD_LIBRARY_PATH (a conda activation, a
+// container entry point) no longer drops the shim: it is preloaded too.
+class ReplacedLibraryPath : public Bypass, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(ReplacedLibraryPath, KeepsTheShim) {
+  // exec'd by the wrapper (same process), and started as its child.
+  for (const std::string how : {"exec \"$0\" --kernels 2", "\"$0\" --kernels 2"}) {
+    ::unlink(record_.c_str());
+    const Result r = run({kCli, "--no-mps", "-t", "0-3", "sh", "-c",
+                          "export LD_LIBRARY_PATH=/usr/local/cuda/lib64; " + how, GetParam()});
+    ASSERT_TRUE(ExitedWith(r, 0)) << r;
+    const auto recs = records();
+    ASSERT_EQ(recs.size(), 2u) << how;
+    for (const auto& rec : recs) EXPECT_EQ(rec.mask, disable64(0xf)) << how << ": " << rec;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(E2E, ReplacedLibraryPath, ::testing::Values(kLauncher, kLauncherDlopen),
+                         [](const auto& info) { return fs::path(info.param).filename().string(); });
+
+// The task's own execve(): the new image holds no region (close-on-exec) and
+// takes the partition nvtaskset last wrote for its PID, the live one.
+TEST_F(Bypass, ExecKeepsTheCurrentPartition) {
+  const std::string go = path("go");
+  Proc& p = start({kCli, "--no-mps", "-t", "0-3", "sh", "-c",
+                   "while [ ! -e '" + go + "' ]; do sleep 0.01; done; exec \"$0\" --kernels 2", kLauncher});
+  // The shell nvtaskset exec'd sets its region up at load.
+  ASSERT_TRUE(wait_until([&] { return !region_fd(p.pid).empty() || !p.running(); })) << p.err();
+  const Result q = run({kCli, "-p", "-t", "4-5", std::to_string(p.pid)});
+  ASSERT_TRUE(ExitedWith(q, 0)) << q;
+  touch(go);
+  ASSERT_TRUE(ExitedWith(p.wait(), 0));
+  const auto recs = records();
+  ASSERT_EQ(recs.size(), 2u) << read_file(record_);
+  for (const auto& rec : recs) {
+    EXPECT_EQ(rec.pid, p.pid);
+    EXPECT_EQ(rec.mask, disable64(0x30)) << rec;
+  }
+}
+
+// 3. The real driver by another name in LD_PRELOAD: judged by its DT_SONAME.
+TEST_F(Bypass, DriverPreloadedUnderAnotherNameIsRefused) {
+  const std::string link = path("nvidia-helper.so");
+  fs::create_symlink(kFake, link);
+  const std::string copy = path("renamed-copy.so");
+  fs::copy_file(kFake, copy);
+  for (const std::string& lib : {link, copy}) {
+    Env env = env_;
+    env["LD_PRELOAD"] = lib;
+    const Result r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--kernels", "1"}, env);
+    EXPECT_TRUE(FailedWithOneLine(r)) << r;
+    EXPECT_NE(r.err.find("LD_PRELOAD names the CUDA driver (" + lib + ")"), npos) << r;
+    EXPECT_FALSE(exists(record_));
+  }
+  // The shim itself may be preloaded (it carries nvtaskset's note).
+  Env env = env_;
+  env["LD_PRELOAD"] = kShim;
+  const Result r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--kernels", "1"}, env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(records().at(0).mask, disable64(0xf));
+}
+
+// 4. Children started by paths that run no fork handler (system(), popen(),
+// posix_spawn(), vfork()) hold no descriptor or mapping of the task's
+// region, and get its CURRENT partition, not the launch-time list.
+class SpawnPaths : public Bypass, public ::testing::WithParamInterface<std::string> {};
+
+// The output of a task that ran `--print-regions` and then a child that did
+// too: the parent's lines, and the child's (from its "pid" line on).
+std::pair<std::vector<std::string>, std::vector<std::string>> split_at_child(const std::string& out) {
+  std::vector<std::string> parent, child;
+  int pids = 0;
+  for (const auto& l : lines_of(out)) {
+    if (l.starts_with("pid ")) ++pids;
+    (pids >= 2 ? child : parent).push_back(l);
+  }
+  return {parent, child};
+}
+
+void expect_child_holds_no_region_of(long parent, const std::vector<std::string>& child_lines) {
+  ASSERT_FALSE(child_lines.empty());
+  const std::string child = child_lines[0].substr(4);
+  std::size_t own = 0;
+  for (const auto& l : child_lines) {
+    if (!l.starts_with("region-")) continue;
+    EXPECT_EQ(l.find("memfd:nvtaskset." + std::to_string(parent) + " "), npos)
+        << "the child holds the parent's region: " << l;
+    own += l.find("memfd:nvtaskset." + child + " ") != npos;
+  }
+  EXPECT_GE(own, 2u) << "the child shows no region of its own (a descriptor and a mapping)";
+}
+
+TEST_P(SpawnPaths, ChildGetsTheCurrentPartitionAndNoRegionOfTheParent) {
+  const std::string until = path("until"), ready = path("ready");
+  Proc& p = start({kCli, "--no-mps", "-t", "0-3", kLauncher, "--until-file", until, "--interval-ms", "5",
+                   "--ready-file", ready, "--spawn-via", GetParam(), "--spawn", kLauncher, "--kernels", "2",
+                   "--print-regions"});
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0) << p.err();
+  const Result q = run({kCli, "-p", "-t", "4-5", std::to_string(pid)});
+  ASSERT_TRUE(ExitedWith(q, 0)) << q;
+  touch(until);
+  const Result r = p.wait();
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  std::vector<Record> child;
+  for (const auto& rec : records())
+    if (rec.pid != pid) child.push_back(rec);
+  ASSERT_EQ(child.size(), 2u) << read_file(record_);
+  for (const auto& rec : child) EXPECT_EQ(rec.mask, disable64(0x30)) << "the launch-time list, not the current: " << rec;
+  const auto [parent_lines, child_lines] = split_at_child(r.out);
+  ASSERT_FALSE(child_lines.empty()) << r;
+  EXPECT_EQ(child_lines[0], "pid " + std::to_string(child[0].pid));
+  expect_child_holds_no_region_of(pid, child_lines);
+}
+
+// A child that switches user on its way (a privilege-dropping helper) holds
+// nothing of root's task that it could steer it with, and still runs on the
+// task's current TPCs (read from its public status entry).
+TEST_F(Bypass, ChildThatSwitchesUserHoldsNothingOfTheTaskAndKeepsItsPartition) {
+  const auto other = second_user();
+  if (!other) GTEST_SKIP() << "needs root to create a second Unix user (CI runs as root)";
+  touch(record_);
+  ::chmod(record_.c_str(), 0666);
+  const std::string until = path("until"), ready = path("ready");
+  std::vector<std::string> argv{kCli, "--no-mps", "-t", "0-3", kLauncher, "--until-file", until, "--interval-ms",
+                                "5", "--ready-file", ready, "--spawn-via", "system", "--spawn"};
+  for (const auto& a : as_user(*other, {kLauncher, "--kernels", "2", "--print-regions"})) argv.push_back(a);
+  Proc& p = start(argv);
+  const long pid = wait_ready(ready, p);
+  ASSERT_GT(pid, 0) << p.err();
+  ASSERT_TRUE(ExitedWith(run({kCli, "-p", "-t", "1,6", std::to_string(pid)}), 0));
+  touch(until);
+  const Result r = p.wait();
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  std::vector<Record> child;
+  for (const auto& rec : records())
+    if (rec.pid != pid) child.push_back(rec);
+  ASSERT_EQ(child.size(), 2u) << read_file(record_);
+  for (const auto& rec : child) EXPECT_EQ(rec.mask, disable64(0x42)) << rec;
+  expect_child_holds_no_region_of(pid, split_at_child(r.out).second);
+}
+
+// A child that never calls the driver (a privilege-dropping helper, a shell)
+// runs no shim init that would close what it inherited: it must inherit no
+// descriptor of the task's region to begin with.
+TEST_P(SpawnPaths, ChildThatNeverCallsTheDriverInheritsNoRegion) {
+  const Result r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--kernels", "1", "--spawn-via", GetParam(),
+                        "--spawn", "sh", "-c", "ls -l /proc/$$/fd; cat /proc/$$/maps"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  const long pid = printed_pid(r.out);
+  ASSERT_GT(pid, 0) << r;
+  EXPECT_NE(r.out.find(" -> "), npos) << "the shell listed no descriptor: " << r.out;
+  EXPECT_EQ(r.out.find("memfd:nvtaskset." + std::to_string(pid) + " "), npos) << r.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(E2E, SpawnPaths, ::testing::Values("fork", "vfork", "posix_spawn", "system"));
+
+}  // namespace
