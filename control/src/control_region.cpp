@@ -7,9 +7,11 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <sys/mman.h>
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -28,7 +30,9 @@ static_assert(sizeof(Header) < 4096, "the control region should fit one page");
 struct Region::Impl {
   int fd = -1;
   void* map = nullptr;
+  bool locked = false;  // this object holds the writer lock
   ~Impl() {
+    if (locked) ::flock(fd, LOCK_UN);
     if (map != nullptr) ::munmap(map, sizeof(Header));
     if (fd >= 0) ::close(fd);
   }
@@ -42,21 +46,39 @@ namespace {
 
 std::string pid_str(pid_t pid) { return "pid " + std::to_string(pid); }
 
-// Serialises writers across processes. flock() is released by the kernel if
-// the holder dies, so a killed `nvtaskset -p` can never wedge later writers.
-class WriterLock {
- public:
-  explicit WriterLock(int fd) : fd_(fd) {
-    while (::flock(fd_, LOCK_EX) != 0 && errno == EINTR) {
-    }
-  }
-  ~WriterLock() { ::flock(fd_, LOCK_UN); }
-  WriterLock(const WriterLock&) = delete;
-  WriterLock& operator=(const WriterLock&) = delete;
+// Writers serialise with flock(), which the kernel releases if the holder
+// dies, so a killed `nvtaskset -p` can never wedge later writers. A live
+// holder can (the task's own user may flock its region and sleep), so every
+// wait is bounded (Region::lock).
 
- private:
-  int fd_;
-};
+// At most this many lines of /proc/locks are read: one per lock on the
+// machine, which any process can inflate.
+constexpr int kMaxLockLines = 100000;
+
+// Who holds a flock on the file of `fd`: "pid 42 (user alice)", or "" when
+// /proc/locks does not say (another PID namespace, or it went meanwhile).
+std::string lock_holder(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return "";
+  char want[64];
+  std::snprintf(want, sizeof want, "%02x:%02x:%llu", ::major(st.st_dev), ::minor(st.st_dev),
+                static_cast<unsigned long long>(st.st_ino));
+  std::ifstream f("/proc/locks");
+  std::string line;
+  for (int n = 0; n < kMaxLockLines && std::getline(f, line); ++n) {
+    // "1: FLOCK  ADVISORY  WRITE 4242 00:01:2048 0 EOF"; waiters have "->".
+    std::istringstream in(line);
+    std::string id, type, advisory, mode, dev;
+    long pid = 0;
+    if (!(in >> id >> type) || type != "FLOCK" || !(in >> advisory >> mode >> pid >> dev)) continue;
+    if (dev != want || pid <= 0) continue;
+    std::string who = "pid " + std::to_string(pid);
+    struct stat ps {};
+    if (::stat(("/proc/" + std::to_string(pid)).c_str(), &ps) == 0) who += " (uid " + std::to_string(ps.st_uid) + ")";
+    return who;
+  }
+  return "";
+}
 
 void store_buffer(MaskBuffer& b, const Partition& p) noexcept {
   // A writer killed between its two stores of `seq` (SIGKILL, the OOM
@@ -98,6 +120,10 @@ void store_desc(DeviceEntry& e, const DeviceDesc& d) noexcept {
 }
 
 void write_entry(Header& h, const DevicePartition& dp) {
+  // A partition that enables no TPC its GPU has hangs every kernel: never
+  // stored, whoever asks (a hand-made NVTASKSET_PARTITION, a -p of an older
+  // build).
+  if (const std::string why = partition_problem(dp); !why.empty()) throw Error(why);
   DeviceEntry* free_slot = nullptr;
   for (auto& e : h.devices) {
     if (e.in_use.load(std::memory_order_acquire)) {
@@ -203,7 +229,12 @@ std::vector<int> fds_where(pid_t pid, Match match, bool* denied = nullptr) {
     return out;
   }
   char target[256];
+  // Bounded by the kernel's own limit on a process's descriptors (nr_open's
+  // default): a task cannot make this scan run on without end.
+  constexpr long kMaxFds = 1L << 20;
+  long seen = 0;
   while (dirent* ent = ::readdir(d)) {
+    if (++seen > kMaxFds) break;
     if (ent->d_name[0] < '0' || ent->d_name[0] > '9') continue;
     const ssize_t n = ::readlinkat(::dirfd(d), ent->d_name, target, sizeof target - 1);
     if (n <= 0) continue;
@@ -367,6 +398,11 @@ std::string validate(const Header& h) {
     if (static_cast<std::uint32_t>(p.kind) > static_cast<std::uint32_t>(SpecKind::kPhysical))
       return "device slot " + std::to_string(i) + " has partition kind " + std::to_string(static_cast<unsigned>(p.kind));
     if (p.active() && p.enabled.empty()) return "device slot " + std::to_string(i) + " enables no TPC";
+    if (!p.active() && (!p.enabled.empty() || !p.widened.empty() || p.max_cluster != 0))
+      return "device slot " + std::to_string(i) + " holds a mask but no partition";
+    if (p.max_cluster > kMaxClusterSms || p.widened_max_cluster > kMaxClusterSms)
+      return "device slot " + std::to_string(i) + " names clusters of " +
+             std::to_string(std::max(p.max_cluster, p.widened_max_cluster)) + " SMs";
     if (e.sm_count > 256 || e.sm_count % 2 != 0 || e.cc_major > 99 || e.cc_minor > 9)
       return "device slot " + std::to_string(i) + " describes an impossible GPU (" + std::to_string(e.sm_count) +
              " SMs, compute capability " + std::to_string(e.cc_major) + "." + std::to_string(e.cc_minor) + ")";
@@ -431,9 +467,54 @@ std::vector<DevicePartition> read_all(const Header& h) {
   return out;
 }
 
+void Region::lock(std::chrono::milliseconds timeout) {
+  if (impl_->locked) return;
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    if (::flock(impl_->fd, LOCK_EX | LOCK_NB) == 0) {
+      impl_->locked = true;
+      return;
+    }
+    if (errno != EWOULDBLOCK && errno != EINTR)
+      throw Error("cannot lock the control region of pid " + std::to_string(header_->pid) + ": " +
+                  std::strerror(errno));
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const std::string who = lock_holder(impl_->fd);
+  throw Error("the control region of pid " + std::to_string(header_->pid) + " is locked by " +
+              (who.empty() ? std::string("another writer") : who) + " for more than " +
+              std::to_string(timeout.count()) + " ms; nothing was changed");
+}
+
+bool Region::try_lock() {
+  if (impl_->locked) return true;
+  if (::flock(impl_->fd, LOCK_EX | LOCK_NB) != 0) return false;
+  impl_->locked = true;
+  return true;
+}
+
+void Region::unlock() noexcept {
+  if (!impl_->locked) return;
+  ::flock(impl_->fd, LOCK_UN);
+  impl_->locked = false;
+}
+
+bool Region::locked() const noexcept { return impl_->locked; }
+
 void Region::write(const DevicePartition& dp) {
-  WriterLock lock(impl_->get_fd());
-  write_locked(*header_, dp);
+  if (impl_->locked) {
+    write_locked(*header_, dp);
+    return;
+  }
+  lock(kLockTimeout);
+  try {
+    write_locked(*header_, dp);
+  } catch (...) {
+    unlock();
+    throw;
+  }
+  unlock();
 }
 
 }  // namespace nvtaskset::ctl

@@ -95,6 +95,22 @@ std::string encode_partitions(const std::vector<DevicePartition>& parts) {
   return out;
 }
 
+std::string partition_problem(const DevicePartition& dp) {
+  const Partition& p = dp.partition;
+  if (!p.active() || !dp.desc.known()) return "";
+  const unsigned tpcs = dp.desc.sm_count / 2;
+  const Bits128 real = Bits128::first(tpcs < 128 ? tpcs : 128);
+  const std::string gpu = (dp.device == kAnyDevice ? std::string("a GPU") : uuid_to_string(dp.device)) + " with " +
+                          std::to_string(tpcs) + " TPCs";
+  const bool logical = p.kind == SpecKind::kTpcList || p.kind == SpecKind::kTpcMask || p.kind == SpecKind::kGpcList;
+  if (logical && (p.tpcs.bits & ~real).any())
+    return "partition names TPCs " + format_ranges(p.tpcs.bits & ~real) + ", which " + gpu + " does not have";
+  if (dp.desc.cc_major < 9 && (p.enabled.bits & real).none())
+    return "partition mask " + p.enabled.bits.to_hex() + " enables no TPC of " + gpu +
+           ": its kernels would never run";
+  return "";
+}
+
 std::vector<DevicePartition> decode_partitions(std::string_view text) {
   std::vector<DevicePartition> out;
   if (text.empty()) return out;
@@ -137,6 +153,7 @@ std::vector<DevicePartition> decode_partitions(std::string_view text) {
       throw std::invalid_argument("impossible cluster size");
     if (dp.partition.active() && dp.partition.enabled.empty())
       throw std::invalid_argument("partition enables no TPC");
+    if (const std::string why = partition_problem(dp); !why.empty()) throw std::invalid_argument(why);
     for (const auto& prev : out)
       if (prev.device == dp.device) throw std::invalid_argument("device given twice");
     out.push_back(dp);

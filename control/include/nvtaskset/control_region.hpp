@@ -17,6 +17,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -147,11 +148,32 @@ inline ReadResult seqlock_read(const DeviceEntry& e, Copy&& copy) noexcept {
   return ReadResult::kInconsistent;
 }
 
+// The largest cluster a buffer may name, in SMs: no GPU has more SMs than a
+// 128-bit mask has TPCs, two SMs each.
+inline constexpr std::uint64_t kMaxClusterSms = 256;
+
+// Whether a consistent copy of a buffer holds what a writer can have stored:
+// a known kind; for "no partition", no mask at all (writers store an empty
+// Partition); cluster limits a GPU can have. A slot the task's own user
+// scribbled over while leaving the header's magic intact fails this with
+// near certainty, and then counts as unreadable (the callback falls back to
+// its last good partition, says so and counts it) instead of as "no
+// partition" (all TPCs, silently). Only compares values already loaded: the
+// launch callback affords it.
+inline bool view_plausible(std::uint64_t kind, const LaunchView& v) noexcept {
+  if (kind > static_cast<std::uint64_t>(SpecKind::kPhysical)) return false;
+  if (kind == 0) return (v.enabled_lo | v.enabled_hi | v.widened_lo | v.widened_hi | v.max_cluster) == 0;
+  return v.max_cluster <= kMaxClusterSms && v.widened_max_cluster <= kMaxClusterSms;
+}
+
 // What the launch callback reads of one entry. kNone: the entry holds no
-// partition; kInconsistent: no consistent copy within kReadTries (the caller
-// falls back to its last good copy).
+// partition; kInconsistent: no consistent copy within kReadTries, or a slot
+// whose flag or fields no writer stores (see view_plausible); the caller
+// falls back to its last good copy.
 inline ReadResult read_launch_view(const DeviceEntry& e, LaunchView& v) noexcept {
-  return seqlock_read(e, [&v](const MaskBuffer& b) {
+  std::uint64_t kind = 0;
+  const ReadResult r = seqlock_read(e, [&v, &kind](const MaskBuffer& b) {
+    kind = b.kind.load(std::memory_order_relaxed);
     v.enabled_lo = b.enabled[0].load(std::memory_order_relaxed);
     v.enabled_hi = b.enabled[1].load(std::memory_order_relaxed);
     v.max_cluster = b.max_cluster.load(std::memory_order_relaxed);
@@ -159,6 +181,9 @@ inline ReadResult read_launch_view(const DeviceEntry& e, LaunchView& v) noexcept
     v.widened_hi = b.widened[1].load(std::memory_order_relaxed);
     v.widened_max_cluster = b.widened_max_cluster.load(std::memory_order_relaxed);
   });
+  if (r == ReadResult::kInconsistent) return r;
+  if (e.in_use.load(std::memory_order_relaxed) != 1 || !view_plausible(kind, v)) return ReadResult::kInconsistent;
+  return r;
 }
 
 // The entry whose partition applies on one GPU: that GPU's own entry, else
@@ -172,24 +197,37 @@ inline bool is_any_device(const std::uint8_t (&u)[16]) noexcept {
   for (std::uint8_t b : u) acc |= b;
   return acc == 0;
 }
+//
+// A slot whose in-use flag is neither 0 nor 1 was scribbled over (writers
+// store only those): it may have been this GPU's entry, so when no intact
+// entry names the GPU, that slot is returned rather than the "any device"
+// entry or none, and read_launch_view reports it unreadable. The launch then
+// runs on the last partition read, or on all TPCs with a warning and a
+// count, never silently. (Scribbled bytes that look like a valid entry for
+// another GPU cannot be told from one.)
 template <class UuidOf>
 inline const DeviceEntry* entry_for_device(const Header& h, UuidOf&& uuid_of) noexcept {
   const DeviceEntry* any = nullptr;
+  const DeviceEntry* scribbled = nullptr;
   bool specific = false;
   for (const DeviceEntry& e : h.devices) {
-    if (e.in_use.load(std::memory_order_acquire) == 0) continue;
-    if (is_any_device(e.uuid)) {
+    const std::uint32_t in_use = e.in_use.load(std::memory_order_acquire);
+    if (in_use == 0) continue;
+    if (in_use != 1) {
+      if (scribbled == nullptr) scribbled = &e;
+    } else if (is_any_device(e.uuid)) {
       if (any == nullptr) any = &e;
     } else {
       specific = true;
     }
   }
-  if (!specific) return any;
+  const DeviceEntry* fallback = scribbled != nullptr ? scribbled : any;
+  if (!specific) return fallback;
   std::uint8_t uuid[16];
-  if (!uuid_of(uuid)) return any;
+  if (!uuid_of(uuid)) return fallback;
   for (const DeviceEntry& e : h.devices)
-    if (e.in_use.load(std::memory_order_acquire) != 0 && std::memcmp(e.uuid, uuid, 16) == 0) return &e;
-  return any;
+    if (e.in_use.load(std::memory_order_acquire) == 1 && std::memcmp(e.uuid, uuid, 16) == 0) return &e;
+  return fallback;
 }
 
 // The old interface, for tests: true when the entry holds a partition.
@@ -200,6 +238,10 @@ inline bool read_enabled(const DeviceEntry& e, std::uint64_t& lo, std::uint64_t&
   hi = v.enabled_hi;
   return ok;
 }
+
+// callback_registered when the shim loaded the driver but could not
+// subscribe the launch callback (no image token takes this value).
+inline constexpr std::uint32_t kHookFailed = 0xffffffffu;
 
 // Errors meant for the user: what() is one line.
 struct Error : std::runtime_error {
@@ -239,17 +281,28 @@ class Region {
   Header& header() noexcept { return *header_; }
   const Header& header() const noexcept { return *header_; }
   pid_t pid() const noexcept { return header_->pid; }
-// callback_registered when the shim loaded the driver but could not
-// subscribe the launch callback (no image token takes this value).
-inline constexpr std::uint32_t kHookFailed = 0xffffffffu;
-
 
   // All entries in use (consistent snapshot of each). Throws Error when the
   // region cannot be read consistently (corrupt).
   std::vector<DevicePartition> read_all() const;
   // Replace the partition of `device` (adding an entry if needed). Writers
-  // are serialised across processes. Throws Error when all slots are taken.
+  // are serialised across processes (the writer lock, below, taken for this
+  // write unless this object holds it). Throws Error when all slots are
+  // taken, when the lock is not had within kLockTimeout, or when the
+  // partition is impossible for its GPU (partition_problem).
   void write(const DevicePartition& dp);
+
+  // The writer lock (flock on the region), held by this object until
+  // unlock() or its destruction, so that a change of several steps (the
+  // status entry, the region, the entry again) is one to other writers. The
+  // kernel drops it when the holder dies. Waits at most `timeout`, then
+  // throws Error naming the holder when /proc/locks tells it: a user who
+  // holds the lock of their own task must not stall root's -p for ever.
+  void lock(std::chrono::milliseconds timeout);
+  // Takes the lock only if it is free now; false if another holds it.
+  bool try_lock();
+  void unlock() noexcept;
+  bool locked() const noexcept;
 
   struct Impl;  // the descriptor and the mapping (opaque)
 
@@ -258,6 +311,11 @@ inline constexpr std::uint32_t kHookFailed = 0xffffffffu;
   std::unique_ptr<Impl> impl_;
   Header* header_ = nullptr;
 };
+
+// How long a writer waits for another's lock before it gives up (a -p holds
+// it for its whole change: a few milliseconds, up to a second when choices
+// race).
+inline constexpr std::chrono::milliseconds kLockTimeout{3000};
 
 // Reads one entry's current partition (consistent snapshot). Throws Error
 // ("inconsistent") when no consistent copy is read within kReadTries.

@@ -28,6 +28,7 @@ enum class Option : unsigned {
   kMpsOtherUser,     // NVTASKSET_MPS_OTHER_USER
   kSmCount,          // NVTASKSET_SM_COUNT
   kClaimDelayMs,     // NVTASKSET_CLAIM_DELAY_MS (tests)
+  kTestDieAt,        // NVTASKSET_TEST_DIE_AT (tests)
 };
 
 enum class OptionKind { kChoice, kPath, kInternal };
@@ -73,6 +74,9 @@ inline constexpr OptionDesc kOptions[] = {
      "(same as --partition-sm-count)"},
     {Option::kClaimDelayMs, "NVTASKSET_CLAIM_DELAY_MS", OptionKind::kInternal, "", false,
      "milliseconds between reading the status and publishing a choice, so that tests can make choices race (tests)"},
+    {Option::kTestDieAt, "NVTASKSET_TEST_DIE_AT", OptionKind::kInternal, "", false,
+     "FOR TESTS ONLY: a `-p` change kills itself (SIGKILL) at this step (locked, claimed, written, published), as "
+     "a user or the OOM killer could, so tests can check what every step leaves behind"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }

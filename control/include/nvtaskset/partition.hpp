@@ -92,7 +92,19 @@ inline constexpr const char* kPartitionPidEnv = option(Option::kPartitionPid).na
 //   <max cluster>,<widened hex>,<widened max cluster>
 // with <device> either '*' or a UUID string. Round-trips exactly.
 std::string encode_partitions(const std::vector<DevicePartition>& parts);
-// Throws std::invalid_argument with a one-line reason on malformed text.
+// Throws std::invalid_argument with a one-line reason on malformed text, or
+// on a partition that partition_problem() refuses.
 std::vector<DevicePartition> decode_partitions(std::string_view text);
+
+// Why `dp` cannot be a partition of the GPU its descriptor describes, or ""
+// (nothing to check when the descriptor is unknown). A kernel whose mask
+// enables no working TPC is accepted and never runs (docs/hardware.md), so a
+// partition that enables only bits the GPU lacks is refused wherever it is
+// decoded or written into a region. With the descriptor alone this is
+// certain only for logical TPC lists (TPC k < SMs / 2) and, before Hopper,
+// for masks (bit k controls TPC k); on Hopper and later a physical bit may
+// control a working TPC above that number, and only the CLI, with the
+// topology, can check it.
+std::string partition_problem(const DevicePartition& dp);
 
 }  // namespace nvtaskset
