@@ -5,10 +5,12 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include <cstdio>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 
 #include "nvtaskset/control_region.hpp"
@@ -150,8 +152,70 @@ Overlap overlap_with(const topo::Topology* t, const LogicalTpcSet& mine, const s
   return o;
 }
 
+Partition claim_union(const Partition& now, const Partition& next) {
+  if (!now.active()) return next;
+  if (!next.active()) return now;
+  Partition u = next;
+  u.enabled.bits = now.enabled.bits | next.enabled.bits;
+  u.widened.bits = now.widened.bits | next.widened.bits;
+  u.max_cluster = std::max(now.max_cluster, next.max_cluster);
+  u.widened_max_cluster = std::max(now.widened_max_cluster, next.widened_max_cluster);
+  if (now.kind == SpecKind::kGpcList && next.kind == SpecKind::kGpcList) {
+    u.gpcs.bits = now.gpcs.bits | next.gpcs.bits;
+  } else {
+    u.gpcs = {};
+    u.kind = SpecKind::kTpcList;
+  }
+  if (!now.tpcs.empty() && !next.tpcs.empty()) {
+    u.tpcs.bits = now.tpcs.bits | next.tpcs.bits;
+  } else {
+    // One side is known only as a mask: the union is one too.
+    u.kind = SpecKind::kPhysical;
+    u.tpcs = {};
+    u.gpcs = {};
+  }
+  return u;
+}
+
+bool repair_entry(ctl::StatusEntry& e, ctl::Region& region) {
+  std::vector<DevicePartition> truth;
+  try {
+    truth = region.read_all();
+  } catch (const std::exception&) {
+    return false;  // corrupt: -p says so; the entry stays as it is
+  }
+  if (truth == e.partitions) return false;
+  const bool held = region.locked();
+  if (!held && !region.try_lock()) return false;  // a writer is under way
+  bool repaired = false;
+  try {
+    truth = region.read_all();  // as it is under the lock
+    if (truth != e.partitions && ctl::publish_status(e.pid, truth).empty()) {
+      e.partitions = truth;
+      repaired = true;
+    }
+  } catch (const std::exception&) {
+  }
+  if (!held) region.unlock();
+  return repaired;
+}
+
 int print_status(Devices& devices, bool json) {
-  const std::vector<ctl::StatusEntry> status = ctl::read_status();
+  std::vector<ctl::StatusEntry> status = ctl::read_status();
+  // Each task's region is attached once (attach scans the task's
+  // descriptors: seconds for a process with tens of thousands), for its
+  // counters and to repair an entry a killed -p left (repair_entry). Only
+  // the task's user and root can attach; for others the map holds null.
+  std::map<pid_t, std::unique_ptr<ctl::Region>> regions;
+  for (ctl::StatusEntry& e : status) {
+    std::unique_ptr<ctl::Region>& r = regions[e.pid];
+    try {
+      r = ctl::Region::attach(e.pid);
+    } catch (const std::exception&) {
+      continue;
+    }
+    repair_entry(e, *r);
+  }
   // Device indices as this process sees them, when a driver answers; the
   // UUID otherwise (a status needs no GPU to be read).
   std::vector<topo::DeviceInfo> visible;
@@ -222,9 +286,8 @@ int print_status(Devices& devices, bool json) {
     // task's user and root, "-" to others (as `ps` hides another's environ).
     std::string kernels = "-", graphs = "-", cluster = "-";
     nlohmann::json counters = nullptr;
-    try {
-      const auto region = ctl::Region::attach(pid);
-      const ctl::Header& h = region->header();
+    if (const auto it = regions.find(pid); it != regions.end() && it->second != nullptr) {
+      const ctl::Header& h = it->second->header();
       const auto k = h.kernels_launched.load(std::memory_order_relaxed);
       const auto gf = h.graphs_following.load(std::memory_order_relaxed);
       const auto gn = h.graphs_not_following.load(std::memory_order_relaxed);
@@ -234,7 +297,6 @@ int print_status(Devices& devices, bool json) {
       cluster = std::to_string(mc);
       counters = {{"kernels_launched", k}, {"graphs_following", gf}, {"graphs_not_following", gn},
                   {"max_cluster", mc}};
-    } catch (const std::exception&) {
     }
     const std::string tpcs = r.tpcs.empty() ? "physical " + r.dp->partition.enabled.bits.to_hex()
                                             : format_list(r.tpcs.bits);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "nvtaskset/control_region.hpp"
 #include "nvtaskset/devices.hpp"
 #include "nvtaskset/status.hpp"
 #include "nvtaskset/topology.hpp"
@@ -49,6 +50,21 @@ struct Overlap {
   GpcSet common_gpcs;             // GPCs shared with share_gpcs
 };
 Overlap overlap_with(const topo::Topology* t, const LogicalTpcSet& mine, const std::vector<Holder>& others);
+
+// The partition a -p's claim publishes for one GPU before it writes the
+// region: every TPC of `now` and of `next`, as other choosers read an entry
+// (its TPC list, else its mask through the layout).
+Partition claim_union(const Partition& now, const Partition& next);
+
+// An entry that disagrees with its task's region (a -p killed between
+// publishing its claim and publishing the region's new partition; see
+// docs/design.md, "Sharing a GPU") is republished from the region, unless a
+// writer holds the region's lock (a -p under way: it publishes the final
+// entry itself). `e.partitions` then says what the region holds. Returns
+// whether the entry was repaired. Only the task's user and root can attach
+// a region, so only they repair; every other reader sees the claim, which
+// holds the old and the new TPCs, and so chooses around both.
+bool repair_entry(ctl::StatusEntry& e, ctl::Region& region);
 
 // The login name of `uid`, or the number when it has none.
 std::string user_name(uid_t uid);
