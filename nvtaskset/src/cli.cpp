@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <csignal>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -34,9 +35,9 @@
 #include "nvtaskset/control_region.hpp"
 #include "nvtaskset/cuda_driver_api.hpp"
 #include "nvtaskset/driver_locate.hpp"
-#include "nvtaskset/devices.hpp"
 #include "nvtaskset/exec_check.hpp"
 #include "nvtaskset/task_driver.hpp"
+#include "nvtaskset/devices.hpp"
 #include "nvtaskset/idlist.hpp"
 #include "nvtaskset/log_level.hpp"
 #include "nvtaskset/mps.hpp"
@@ -82,6 +83,39 @@ void setup_logging() {
   spdlog::set_default_logger(logger);
   if (setting.unknown)
     logger->warn("{}={}: unknown level ({}); using warn", kLogLevelEnv, printable(value), kLogLevelNames);
+}
+
+// A message as one line: control bytes (a newline, an escape sequence from
+// user text) as \xNN; UTF-8 and length are left as they are.
+std::string one_line(std::string_view text) {
+  std::string out;
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) {
+      char hex[8];
+      std::snprintf(hex, sizeof hex, "\\x%02x", u);
+      out += hex;
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// Longest -d value: a UUID with its "GPU-" or "MIG-" prefix and dashes is 40
+// characters, a PCI bus id 12.
+constexpr std::size_t kMaxDeviceSpec = 64;
+
+// A -d value is checked before it reaches any message or the driver query:
+// printable ASCII only (a selector holds digits, hex, ':', '.', '-'), so
+// nothing later (topology/ quotes it as given) can echo a control character.
+void check_device_spec(const std::string& spec) {
+  if (spec.empty()) throw Failure("-d: empty device (give an index, UUID or PCI bus id)");
+  if (spec.size() > kMaxDeviceSpec)
+    throw Failure("-d " + printable(spec) + ": longer than " + std::to_string(kMaxDeviceSpec) + " characters");
+  for (const char c : spec)
+    if (static_cast<unsigned char>(c) <= 0x20 || static_cast<unsigned char>(c) >= 0x7f)
+      throw Failure("-d " + printable(spec) + ": not a device index, UUID or PCI bus id");
 }
 
 // One requested partition: on which device, and what the user typed.
@@ -559,13 +593,18 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
     first_cmd = 1;
   } else if (requests.back().kind == SpecKind::kNone) {
     // "-d X" last, with the mask as the first positional.
-    if (o.positionals.empty()) throw Failure("no TPC mask or list given for device " + requests.back().device);
+    if (o.positionals.empty()) throw Failure("no TPC mask or list given for device " + printable(requests.back().device));
     requests.back().kind = SpecKind::kTpcMask;
     requests.back().text = o.positionals[0];
     first_cmd = 1;
   }
   std::vector<std::string> cmd(o.positionals.begin() + static_cast<long>(first_cmd), o.positionals.end());
   if (cmd.empty()) throw Failure("no command given (see --help)");
+  // Up front, before anything is planned or published: a program the shim
+  // cannot be loaded into (exec_check.hpp). One that cannot be found is
+  // left to exec, whose error (and 127) is the user's.
+  if (const std::string prog = resolve_command(cmd[0], env); !prog.empty())
+    if (const std::string why = secure_execution_reason(prog); !why.empty()) throw Failure(why);
 
   const std::string& shim_dir = o.shim_dir;
   if (shim_dir.empty())
@@ -590,7 +629,7 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
   auto plan = [&] {
     std::vector<Choice> chosen;
     for (const Request& r : requests) {
-      if (r.kind == SpecKind::kNone) throw Failure("-d " + r.device + " has no TPC or GPC list");
+      if (r.kind == SpecKind::kNone) throw Failure("-d " + printable(r.device) + " has no TPC or GPC list");
       const topo::DeviceInfo& dev = devices.select(r.device);
       for (const Choice& prev : chosen)
         if (prev.dev->uuid == dev.uuid) throw Failure("two partitions given for " + device_label(dev));
@@ -600,11 +639,6 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
   };
   std::vector<Choice> chosen = plan();
   devices.restore_environment();
-  // Up front, before anything is planned or published: a program the shim
-  // cannot be loaded into (exec_check.hpp). One that cannot be found is
-  // left to exec, whose error (and 127) is the user's.
-  if (const std::string prog = resolve_command(cmd[0], env); !prog.empty())
-    if (const std::string why = secure_execution_reason(prog); !why.empty()) throw Failure(why);
   if (users_check) {
     const mps::EnsureResult r = mps::ensure_daemon();
     if (r.started) std::fprintf(stderr, "%s\n", mps::started_message(r).c_str());
@@ -617,10 +651,22 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
     for (const Choice& x : c) parts.push_back({x.dev->uuid, x.partition, describe_device(*x.dev)});
     return parts;
   };
+  // Without its entry the task is invisible to every other chooser, which
+  // may then take its TPCs (any user can fill /dev/shm). --exclusive
+  // promises TPCs no one else takes, so it fails closed; other launches run
+  // and say once that they are unlisted.
+  std::string unlisted;
   const Claim claim{plan,
                     [&](const std::vector<Choice>& c) {
-                      if (const std::string why = ctl::publish_status(::getpid(), entry(c)); !why.empty())
-                        spdlog::debug("no status entry: {}", why);
+                      const std::string why = ctl::publish_status(::getpid(), entry(c));
+                      if (why.empty()) {
+                        unlisted.clear();
+                        return;
+                      }
+                      if (o.exclusive)
+                        throw Failure("cannot publish the status entry that shows other choosers these TPCs (" +
+                                      printable(why, 160) + "); --exclusive starts no task they cannot see");
+                      unlisted = why;
                     },
                     [] { ctl::withdraw_status(::getpid()); }};
   chosen = settle(sh, devices, claim, std::move(chosen), &warnings);
@@ -628,6 +674,10 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
   // Warnings only once nothing can refuse the launch any more: a refusal
   // stays one line.
   for (const std::string& w : warnings) spdlog::warn("{}", w);
+  if (!unlisted.empty())
+    spdlog::warn("this task has no status entry ({}): --status does not list it, and other -n or --exclusive "
+                 "launches may choose its TPCs",
+                 printable(unlisted, 160));
   exec_task(cmd, task_environment(env, shim_dir, encode_partitions(parts), devices.driver_path(),
                                   o.partition_sm_count, !o.no_mps));
 }
@@ -662,6 +712,16 @@ void check_hosts_clusters(pid_t pid, const Partition& next, std::uint32_t launch
   throw Failure("pid " + std::to_string(pid) + " has launched thread-block clusters of " + std::to_string(launched) +
                 " SMs, but " + phrase(next) + " can host at most " + std::to_string(next.max_cluster) +
                 " SMs of one GPC; not changed");
+}
+
+// NVTASKSET_TEST_DIE_AT (options.hpp, for tests only): a -p change kills
+// itself at `step`, as a user or the OOM killer could, so the tests can
+// check that no step leaves the status entry and the region disagreeing.
+void test_die_at(const char* step) {
+  const char* at = option_value(Option::kTestDieAt);
+  if (at == nullptr || std::strcmp(at, step) != 0) return;
+  std::fflush(nullptr);
+  ::raise(SIGKILL);
 }
 
 // One task's part of a -p: its region, what it has, what it gets.
@@ -743,6 +803,10 @@ TaskPlan plan_task(const Options& o, pid_t pid, std::unique_ptr<ctl::Region> reg
   // it held.
   if (const std::string why = ctl::cannot_apply(plan.region->header()); !why.empty())
     throw Failure("pid " + std::to_string(pid) + " runs on all TPCs: " + why);
+  const std::uint32_t hook = plan.region->header().callback_registered.load(std::memory_order_acquire);
+  if (const ctl::DriverUse use = ctl::task_driver_use(pid, hook != 0 && hook != ctl::kHookFailed);
+      use.state == ctl::DriverUse::State::kBypassed)
+    throw Failure("pid " + std::to_string(pid) + " runs on all TPCs: " + use.why);
 
   // Without -d: the device the task was partitioned on, if exactly one.
   auto default_device = [&]() -> const topo::DeviceInfo& {
@@ -803,14 +867,6 @@ TaskPlan plan_task(const Options& o, pid_t pid, std::unique_ptr<ctl::Region> reg
   }
   return plan;
 }
-  const std::uint32_t hook = plan.region->header().callback_registered.load(std::memory_order_acquire);
-  if (const ctl::DriverUse use = ctl::task_driver_use(pid, hook != 0 && hook != ctl::kHookFailed);
-      use.state == ctl::DriverUse::State::kBypassed)
-    throw Failure("pid " + std::to_string(pid) + " runs on all TPCs: " + use.why);
-  if (const ctl::DriverUse use =
-          ctl::task_driver_use(pid, plan.region->header().callback_registered.load(std::memory_order_acquire) != 0);
-      use.state == ctl::DriverUse::State::kBypassed)
-    throw Failure("pid " + std::to_string(pid) + " runs on all TPCs: " + use.why);
 
 nlohmann::json plan_json(const TaskPlan& p, Devices& devices) {
   const Step& st = p.steps[0];
@@ -850,9 +906,14 @@ void carry_out(const TaskPlan& plan, bool query, Devices& devices) {
                 describe(st.next, st.form, *st.dev, devices).c_str());
   }
   if (!query) {
-    // The public entry follows the region.
+    test_die_at("written");
+    // The public entry follows the region. Should that fail, the claim
+    // published before the change stays: it holds the old and the new TPCs,
+    // so no chooser takes either, and the next reader that can attach the
+    // region repairs it (repair_entry).
     if (const std::string why = ctl::publish_status(pid, plan.region->read_all()); !why.empty())
-      spdlog::debug("pid {}: no status entry: {}", pid, why);
+      spdlog::warn("pid {}: its status entry still lists its TPCs before and after the change: {}", pid,
+                   printable(why, 160));
   }
   // A query says more only when there is more to say, so a plain task's
   // answer stays taskset's one line.
@@ -913,6 +974,21 @@ int do_pid(const Options& o) {
     for (pid_t d : descendants(pid)) family_pids.insert(d);
     for (pid_t a : ancestors(pid)) family_pids.insert(a);
   }
+  // A change holds every family member's writer lock from its first step
+  // (the claim in the status entry) to its last (the entry of the new
+  // partition), so a reader that gets the lock knows no change is half done
+  // (repair_entry). Bounded: a holder that never lets go (the task's own user
+  // can flock its region) costs kLockTimeout and one line, never a hang.
+  if (!query) {
+    std::vector<std::size_t> order(family.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    // One order for every -p, so two that share tasks never wait on each
+    // other in a circle.
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return family[a].first < family[b].first; });
+    for (std::size_t i : order) family[i].second->lock(ctl::kLockTimeout);
+    test_die_at("locked");
+  }
   Sharing sh = query ? Sharing{} : sharing_for(o, family_pids);
   Devices devices(shim_copies(o.shim_dir), o.topology_file);
 
@@ -937,29 +1013,51 @@ int do_pid(const Options& o) {
     return chosen;
   };
   std::vector<Choice> chosen = plan();
-  // A task's entry as it is, and as the planned change makes it.
+  // A task's entry as its region has it, or (planned) the claim of the
+  // change: on each GPU it changes, the TPCs it has AND those it gets. The
+  // claim goes out before the region is written, so at every step the entry
+  // covers what the task runs on: a -p killed before it publishes the final
+  // entry leaves other choosers avoiding both, never taking the old TPCs the
+  // task still runs on (docs/design.md, "Sharing a GPU"). "" or why not.
   auto republish = [&](const TaskPlan& p, bool planned) {
     std::vector<DevicePartition> parts = p.region->read_all();
     for (const Step& st : p.steps) {
       if (!planned || !st.change) continue;
-      const DevicePartition next{st.dev->uuid, st.next, describe_device(*st.dev)};
+      DevicePartition next{st.dev->uuid, st.next, describe_device(*st.dev)};
       auto it = std::find_if(parts.begin(), parts.end(), [&](const DevicePartition& d) { return d.device == next.device; });
-      if (it != parts.end()) *it = next;
-      else parts.push_back(next);
+      if (it != parts.end()) {
+        next.partition = claim_union(it->partition, st.next);
+        *it = next;
+      } else {
+        parts.push_back(next);
+      }
     }
-    if (const std::string why = ctl::publish_status(p.pid, parts); !why.empty())
-      spdlog::debug("pid {}: no status entry: {}", p.pid, why);
+    return ctl::publish_status(p.pid, parts);
   };
   std::vector<std::string> raced;  // said when choices kept racing
   if (!query) {
     const Claim claim{plan,
                       [&](const std::vector<Choice>&) {
-                        for (const TaskPlan& p : plans) republish(p, true);
+                        for (std::size_t i = 0; i < plans.size(); ++i) {
+                          const std::string why = republish(plans[i], true);
+                          if (why.empty()) continue;
+                          // Fail closed: a change other choosers cannot see is not made.
+                          for (std::size_t j = 0; j < i; ++j) republish(plans[j], false);
+                          throw Failure("pid " + std::to_string(plans[i].pid) +
+                                        ": cannot publish its status entry, so other choosers could not see the "
+                                        "change (" + printable(why, 160) + "); not changed");
+                        }
                       },
                       [&] {
                         for (const TaskPlan& p : plans) republish(p, false);
                       }};
     chosen = settle(sh, devices, claim, std::move(chosen), &raced);
+    test_die_at("claimed");
+  } else {
+    // A query by the task's user or root also repairs what a killed -p left.
+    for (ctl::StatusEntry& e : ctl::read_status())
+      for (TaskPlan& p : plans)
+        if (e.pid == p.pid) repair_entry(e, *p.region);
   }
 
   if (o.json) {
@@ -983,6 +1081,7 @@ int do_pid(const Options& o) {
       for (const TaskPlan& p : plans) republish(p, false);
     throw;
   }
+  if (!query) test_die_at("published");
   return 0;
 }
 
@@ -1097,6 +1196,20 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   } else {
     set("LD_LIBRARY_PATH", shim_dir);
   }
+  // And preload it: a wrapper script, a conda activation or a container
+  // entry point that replaces LD_LIBRARY_PATH would otherwise drop the shim,
+  // and the task would find the real driver and run on all TPCs. The
+  // preloaded shim registers the soname libcuda.so.1, so the program's own
+  // libcuda.so.1 (linked or dlopen()ed) is the shim; in a process that never
+  // calls the driver it does nothing (shim.cpp, shim_constructor).
+  const std::string shim = shim_dir + "/libcuda.so.1";
+  if (std::string* e = find("LD_PRELOAD"); e && e->size() > std::strlen("LD_PRELOAD=")) {
+    const std::vector<std::string> items = loader_list(std::string_view(*e).substr(std::strlen("LD_PRELOAD=")));
+    if (std::find(items.begin(), items.end(), shim) == items.end())
+      *e = "LD_PRELOAD=" + shim + ":" + e->substr(std::strlen("LD_PRELOAD="));
+  } else {
+    set("LD_PRELOAD", shim);
+  }
   // An MPS client's kernels share 2 hardware queues by default, so its
   // streams falsely wait for each other; CUDA_DEVICE_MAX_CONNECTIONS=8 gives it
   // the 8 a plain process has. That variable alone also sets 8 copy queues.
@@ -1145,7 +1258,8 @@ int run(int argc, char** argv) {
                     ->type_name("COUNT");
   app.add_flag("--spread", o.spread, "with -n: spread the TPCs evenly over the GPCs instead of packing them");
   app.add_flag("--exclusive", o.exclusive,
-               "fail if the partition would share TPCs with another live partition on the GPU");
+               "fail if the partition would share TPCs with another live partition on the GPU, or if its "
+               "status entry cannot be written (other launches could not see it)");
   app.add_flag("-a,--all-tasks", o.all_tasks, "with -p: the task and every process it started that runs under nvtaskset");
   app.add_flag("--status", o.status, "list every partitioned task on this machine (with --json: as JSON)");
   app.add_flag("-v,--verbose", o.verbose, "say which TPCs -n chose");
@@ -1193,33 +1307,21 @@ int run(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "nvtaskset: %s\n", e.what());
+    // CLI11 quotes the offending argument as typed.
+    std::fprintf(stderr, "nvtaskset: %s\n", one_line(e.what()).c_str());
     return 1;
   }
 
   try {
     // Pair each list with the -d that precedes it.
     std::size_t it = 0, ig = 0, ip = 0, id = 0, in = 0;
-  // And preload it: a wrapper script, a conda activation or a container
-  // entry point that replaces LD_LIBRARY_PATH would otherwise drop the shim,
-  // and the task would find the real driver and run on all TPCs. The
-  // preloaded shim registers the soname libcuda.so.1, so the program's own
-  // libcuda.so.1 (linked or dlopen()ed) is the shim; in a process that never
-  // calls the driver it does nothing (shim.cpp, shim_constructor).
-  const std::string shim = shim_dir + "/libcuda.so.1";
-  if (std::string* e = find("LD_PRELOAD"); e && e->size() > std::strlen("LD_PRELOAD=")) {
-    const std::vector<std::string> items = loader_list(std::string_view(*e).substr(std::strlen("LD_PRELOAD=")));
-    if (std::find(items.begin(), items.end(), shim) == items.end())
-      *e = "LD_PRELOAD=" + shim + ":" + e->substr(std::strlen("LD_PRELOAD="));
-  } else {
-    set("LD_PRELOAD", shim);
-  }
     std::string device;
     for (const CLI::Option* opt : app.parse_order()) {
       if (opt == opt_d) {
         if (!o.requests.empty() && o.requests.back().kind == SpecKind::kNone)
-          throw Failure("-d " + o.requests.back().device + " has no TPC or GPC list");
+          throw Failure("-d " + printable(o.requests.back().device) + " has no TPC or GPC list");
         device = device_specs[id++];
+        check_device_spec(device);
         o.requests.push_back({device, SpecKind::kNone, "", ""});
         continue;
       }
@@ -1240,7 +1342,7 @@ int run(int argc, char** argv) {
     if (!o.positionals.empty() && o.positionals.front() == "--") {
       o.positionals.erase(o.positionals.begin());
     } else if (!o.positionals.empty() && o.positionals.front().size() > 1 && o.positionals.front()[0] == '-') {
-      throw Failure("unrecognized option '" + o.positionals.front() + "' (see --help)");
+      throw Failure("unrecognized option '" + printable(o.positionals.front()) + "' (see --help)");
     }
 
     if (!o.show.empty() && !o.pid_mode) throw Failure("--show goes with -p");
@@ -1268,7 +1370,10 @@ int run(int argc, char** argv) {
     if (o.json) throw Failure("--json goes with --topology, --calibrate, --status or -p");
     return do_launch(o, env);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "nvtaskset: %s\n", e.what());
+    // The last guard of the one-line contract: a message that quotes user
+    // text (a device selector as topology/ echoes it, a path) never spans
+    // lines or reaches the terminal raw.
+    std::fprintf(stderr, "nvtaskset: %s\n", one_line(e.what()).c_str());
     return 1;
   }
 }
