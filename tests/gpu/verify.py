@@ -11,7 +11,8 @@ Every GPU command has a timeout. Each check prints PASS/FAIL with its evidence;
 the exit status is the number of failures. Sections: calibrate, probe, lists,
 gpc, live, mps, torch, bench, errors, multi (needs 2 GPUs), systemwide, graphs,
 clusters, libclusters, torchgraphs, graphoverhead, graphbench, hardening, sharing,
-racing, multiuser, smcount, startupcache (default: all).
+racing, multiuser, smcount, startupcache, trust (issue 21: needs root; tests/gpu/run_trust.sh runs it)
+(default: all).
 """
 import json
 import os
@@ -1460,8 +1461,523 @@ def section_startupcache():
     check("startupcache: --verify passes with the cached device list", rc == 0, out.strip()[-200:] + err.strip()[-200:])
 
 
+# ---- issue 21, "never silently unpartitioned" (trust) ----------------------------------------------------
+
+TRUST = "/tmp/nvtaskset-trust"  # scratch files every user can reach (under HARD's copies, made by two_users)
+
+
+def real_driver():
+    """(path of the real libcuda.so.1, [libcuda.so.1 entries of the loader cache in order]): REAL_LIBCUDA,
+    else the first cache entry that is not a shim, else where container runtimes put the driver."""
+    shim = os.path.realpath(os.path.join(SHIM_DIR, "libcuda.so.1"))
+    rc, out, _, _ = run(["ldconfig", "-p"], timeout=30, quiet=True)
+    cache = [l.split("=>")[-1].strip() for l in out.splitlines() if l.strip().startswith("libcuda.so.1 ")]
+    cands = ([os.environ["REAL_LIBCUDA"]] if os.environ.get("REAL_LIBCUDA") else []) + cache + [
+        "/usr/local/nvidia/lib64/libcuda.so.1", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "/usr/lib64/libcuda.so.1"]
+    for c in cands:
+        if os.path.exists(c) and os.path.realpath(c) != shim and "/nvtaskset/" not in os.path.realpath(c):
+            return c, cache
+    return None, cache
+
+
+def maps_files(text):
+    """The file paths of /proc/PID/maps text."""
+    out = set()
+    for line in text.splitlines():
+        f = line.split(None, 5)
+        if len(f) == 6 and f[5].startswith("/"):
+            out.add(f[5].replace(" (deleted)", ""))
+    return out
+
+
+def probe_lines(text):
+    """smid_probe's output: ([TPC set per kernel], its pid or None)."""
+    rows = [parse_ranges(m.group(1)) for m in re.finditer(r"^iter \d+ sms \d+ tpcs (\S+)$", text, re.M)]
+    m = re.search(r"^pid (\d+) device ", text, re.M)
+    return rows, int(m.group(1)) if m else None
+
+
+def wait_files(paths, procs, timeout):
+    """Until every path exists (or a process in procs ended, or timeout); returns whether all exist."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if all(os.path.exists(p) for p in paths):
+            return True
+        if any(p.poll() is not None for p in procs):
+            return False
+        time.sleep(0.02)
+    return all(os.path.exists(p) for p in paths)
+
+
+def mps_control_daemons(pipe_dir):
+    """PIDs of nvidia-cuda-mps-control daemons whose environment names pipe_dir."""
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/comm") as f:
+                if not f.read().startswith("nvidia-cuda-mps"):
+                    continue
+            with open(f"/proc/{d}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if f"CUDA_MPS_PIPE_DIRECTORY={pipe_dir}".encode() in env:
+            out.append(int(d))
+    return out
+
+
+def quit_mps_at(pipe_dir):
+    """echo quit | CUDA_MPS_PIPE_DIRECTORY=pipe_dir nvidia-cuda-mps-control, where a daemon is there; never raises."""
+    if not os.path.exists(os.path.join(pipe_dir, "control")) and not mps_control_daemons(pipe_dir):
+        return
+    try:
+        subprocess.run(["nvidia-cuda-mps-control"], input="quit\n", text=True, timeout=30, capture_output=True,
+                       env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=pipe_dir))
+    except Exception as e:
+        log(f"INFO stopping MPS at {pipe_dir}: {e!r}")
+    t0 = time.monotonic()
+    while mps_control_daemons(pipe_dir) and time.monotonic() - t0 < 15:
+        time.sleep(0.1)
+    for pid in mps_control_daemons(pipe_dir):
+        try:
+            os.kill(pid, 9)
+        except OSError:
+            pass
+
+
+def trust_wrapper(real):
+    """a. smid_probe under a shell that replaces LD_LIBRARY_PATH (the real driver's directory first), exec'd and
+    as the shell's child: exactly TPCs 0-3."""
+    llp = f"{os.path.dirname(real)}:/usr/local/cuda/lib64"  # the real driver's directory first
+    probe = f"{GPUBIN}/smid_probe"
+    for how, script in (("exec'd by", f"echo shell-pid $$; export LD_LIBRARY_PATH={llp}; exec {probe} --iters 2"),
+                        ("a child of", f"echo shell-pid $$; export LD_LIBRARY_PATH={llp}; {probe} --iters 2; "
+                                       f"rc=$?; echo shell-done; exit $rc")):
+        rc, out, err, _ = run_group([NV, "--no-mps", "-t", "0-3", "sh", "-c", script], timeout=60)
+        rows, ppid = probe_lines(out)
+        m = re.search(r"^shell-pid (\d+)$", out, re.M)
+        spid = int(m.group(1)) if m else None
+        shape = (ppid == spid) if how.startswith("exec") else (ppid is not None and spid is not None and ppid != spid)
+        check(f"trust a: smid_probe {how} `sh -c 'export LD_LIBRARY_PATH={llp}; ...'` under --no-mps -t 0-3 runs "
+              f"on exactly TPCs 0-3", rc == 0 and len(rows) == 2 and all(r == set(range(4)) for r in rows) and shape,
+              f"rc={rc} shell pid {spid}, probe pid {ppid}; ran on {[ranges(r) for r in rows]} {err.strip()[-300:]}")
+
+
+def trust_torch(llp):
+    """b. PyTorch through the same wrapper under -t 0-7 runs at a fraction of all TPCs' bf16 matmul throughput."""
+    script = os.path.join(ROOT, "tests/gpu/torch_matmul.py")
+    rc, _, err, _ = run([sys.executable, "-c", "import torch; assert torch.cuda.is_available()"], timeout=120)
+    if rc != 0:
+        check("trust b: PyTorch with a GPU is available", False, err.strip()[-300:])
+        return
+    base, rc0, err0 = tflops([])
+    rc, out, err, _ = run_group([NV, "--no-mps", "-t", "0-7", "sh", "-c",
+                                 f"export LD_LIBRARY_PATH={llp}; exec {sys.executable} {script}"], timeout=180)
+    m = re.search(r"tflops ([\d.]+)", out)
+    part = float(m.group(1)) if m and rc == 0 else None
+    ratio = part / base if part and base else None
+    log(f"INFO trust b: bf16 matmul {base} TFLOP/s on all {ntpcs()} TPCs (plain), {part} TFLOP/s under -t 0-7 "
+        f"through the wrapper: ratio {ratio if ratio is None else round(ratio, 3)} (8/{ntpcs()} = "
+        f"{8 / ntpcs():.3f})")
+    check("trust b: PyTorch under `sh -c 'export LD_LIBRARY_PATH=...; exec python3 ...'` and -t 0-7 is partitioned "
+          "(bf16 matmul throughput ratio to all TPCs < 0.3)", ratio is not None and ratio < 0.3,
+          f"{part} vs {base} TFLOP/s = {ratio if ratio is None else round(ratio, 3)}x; rc={rc} {err.strip()[-300:]} "
+          f"{err0.strip()[-200:]}")
+
+
+def trust_maps(real):
+    """c. A process that never calls the driver (cat, exec'd by nvtaskset or a shell's child) maps the shim, not
+    the real driver."""
+    shim = os.path.realpath(os.path.join(SHIM_DIR, "libcuda.so.1"))
+    real_r = os.path.realpath(real)
+    for label, cmd in (("cat exec'd by nvtaskset", ["cat", "/proc/self/maps"]),
+                       ("cat, a shell's child", ["sh", "-c", "cat /proc/self/maps; echo shell-done"])):
+        rc, out, err, _ = run_group([NV, "--no-mps", "-t", "0-3"] + cmd, timeout=30)
+        files = maps_files(out)
+        cuda = sorted(f for f in files if os.path.basename(f).startswith("libcuda"))
+        regions = sorted(l.split(None, 5)[5] for l in out.splitlines() if "memfd:nvtaskset." in l)
+        check(f"trust c: {label} under --no-mps -t 0-3 maps the shim ({shim}) but not the real driver ({real_r})",
+              rc == 0 and shim in files and real_r not in files and cuda == [shim],
+              f"rc={rc}; libcuda files mapped: {cuda}; {err.strip()[-200:]}")
+        log(f"INFO trust c: {label}: control region mappings: {sorted(set(regions)) or 'none'}")
+
+
+def trust_shell_child_after_p():
+    """d. A task (python, never calling the driver) waits; -p -t 20-29; then it starts smid_probe through
+    os.system, subprocess(shell=True), and through setpriv as another user: all on exactly 20-29; the one of
+    the other user holds no descriptor or mapping of the task's region."""
+    import pwd
+    nv = HARD + "/bin/nvtaskset"
+    probe = HARD + "/smid_probe"
+    go, until, ready = f"{TRUST}/go-d", f"{TRUST}/until-d", f"{TRUST}/ready-d"
+    out1, out2, out3 = (os.path.join(OUT, f"trust-d-{k}.txt") for k in ("system", "shell", "setpriv"))
+    for p in (go, until, ready, out1, out2, out3):
+        if os.path.exists(p):
+            os.remove(p)
+    pw = pwd.getpwnam("nvt-b")
+    inner = (f"echo child-pid $$ uid $(id -u); echo '--- fds'; ls -l /proc/$$/fd; echo '--- maps'; "
+             f"cat /proc/$$/maps; echo '--- probe'; exec {probe} --interval-ms 20 --until-file {until} "
+             f"--ready-file {ready}")
+    import shlex
+    if shutil_which("setpriv"):
+        switch = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups"]
+    else:  # the same with Python, where util-linux's setpriv is missing
+        switch = [sys.executable, "-c", f"import os, sys; os.setgroups([]); os.setgid({pw.pw_gid}); "
+                                        f"os.setuid({pw.pw_uid}); os.execvp(sys.argv[1], sys.argv[1:])"]
+    switch_cmd = " ".join(shlex.quote(x) for x in switch + ["env", f"HOME={HARD}/home-nvt-b", "sh", "-c", inner])
+    parent = os.path.join(TRUST, "parent_d.py")
+    with open(parent, "w") as f:
+        f.write("import os, subprocess, sys, time\n"
+                "go, probe, out1, out2, switch, out3 = sys.argv[1:7]\n"
+                "print('ready', flush=True)\n"
+                "t0 = time.time()\n"
+                "while not os.path.exists(go):\n"
+                "    if time.time() - t0 > 60: sys.exit(3)\n"
+                "    time.sleep(0.01)\n"
+                "r1 = os.system(f'{probe} --iters 2 > {out1} 2>&1')\n"
+                "r2 = subprocess.run(f'echo shell-pid $$ > {out2}; {probe} --iters 2 >> {out2} 2>&1; rc=$?; "
+                "echo shell-done >> {out2}; exit $rc', shell=True).returncode\n"
+                "r3 = os.system(f'{switch} > {out3} 2>&1')\n"
+                "print('children', r1, r2, r3, flush=True)\n"
+                "sys.exit(0 if r1 == r2 == r3 == 0 else 1)\n")
+    os.chmod(parent, 0o644)
+    fds, maps, status = "", "", ""
+    with Task([nv, "--no-mps", "-t", "0-9", sys.executable, parent, go, probe, out1, out2, switch_cmd, out3],
+              "trust-d") as t:
+        try:
+            if not t.wait_ready(60):
+                check("trust d: the parent task started", False, t.err()[-300:])
+                return
+            rc_p, pout, perr, dt = run([nv, "-p", "-t", "20-29", str(t.pid)], timeout=30)
+            rc_q, q, qerr, _ = run([nv, "-p", str(t.pid)], timeout=30)
+            check("trust d: -p -t 20-29 on the waiting parent (a python task that never called the driver)",
+                  rc_p == 0 and rc_q == 0 and "20-29" in q, f"{pout.strip()} | {q.strip()} {perr.strip()} {qerr.strip()}")
+            open(go, "w").close()
+            if wait_files([ready], [t.p], 90):
+                child = int(open(ready).read().split()[0])
+                try:
+                    links = []
+                    for n in os.listdir(f"/proc/{child}/fd"):
+                        try:
+                            links.append(f"{n} -> {os.readlink(f'/proc/{child}/fd/{n}')}")
+                        except OSError:
+                            pass
+                    fds = "\n".join(links)
+                    maps = open(f"/proc/{child}/maps").read()
+                    status = open(f"/proc/{child}/status").read()
+                except OSError as e:
+                    fds = f"[cannot read /proc/{child}: {e}]"
+                time.sleep(0.3)
+            open(until, "w").close()
+            rc = t.finish(90)
+        finally:
+            open(until, "w").close()
+    tag = f"memfd:nvtaskset.{t.pid}"
+    r1, _ = probe_lines(open(out1).read() if os.path.exists(out1) else "")
+    text2 = open(out2).read() if os.path.exists(out2) else ""
+    r2, p2 = probe_lines(text2)
+    m = re.search(r"^shell-pid (\d+)$", text2, re.M)
+    s2 = int(m.group(1)) if m else None
+    text3 = open(out3).read() if os.path.exists(out3) else ""
+    r3, p3 = probe_lines(text3)
+    want = set(range(20, 30))
+    check("trust d: os.system() child started after -p runs on exactly the current TPCs 20-29",
+          len(r1) == 2 and all(r == want for r in r1), f"ran on {[ranges(r) for r in r1]}; task rc={t.rc} "
+          f"{t.text().strip()[-100:]}")
+    check("trust d: subprocess(shell=True) child (forked by the shell) started after -p runs on exactly 20-29",
+          len(r2) == 2 and all(r == want for r in r2) and p2 is not None and p2 != s2,
+          f"shell pid {s2}, probe pid {p2}; ran on {[ranges(r) for r in r2]}")
+    uid_m = re.search(r"^Uid:\s+(\d+)\s+(\d+)", status, re.M)
+    check(f"trust d: a child switched to user nvt-b ({' '.join(switch[:1])}) runs on exactly 20-29",
+          len(r3) >= 2 and all(r == want for r in r3) and uid_m is not None and int(uid_m.group(2)) == pw.pw_uid,
+          f"uid {uid_m.groups() if uid_m else '?'}; {len(r3)} kernels on {sorted({ranges(r) for r in r3})}; "
+          f"{text3.strip()[-200:] if not r3 else ''}")
+    inside = text3.split("--- probe")[0]
+    check(f"trust d: the nvt-b child holds no descriptor or mapping of the task's region ({tag}): inside its shell "
+          "and, while its kernels run, from /proc",
+          "--- maps" in inside and tag not in inside and fds != "" and not fds.startswith("[") and tag not in fds
+          and maps != "" and tag not in maps,
+          f"shell fds listed: {'--- fds' in inside}, {tag} in shell fds/maps: {tag in inside}; probe pid fds: "
+          f"{len(fds.splitlines())} ({'memfd' if 'memfd:' in fds else 'no memfd'}: "
+          f"{[l for l in fds.splitlines() if 'memfd:' in l]}), {tag} in its maps: {tag in maps}")
+
+
+def shutil_which(name):
+    import shutil
+    return shutil.which(name)
+
+
+def trust_bypass(real, cache):
+    """e. A task that reaches the real driver without the shim: its kernels run outside its list; -p refuses it
+    (runs on all TPCs), --status says partitioned false; a partitioned task beside it says true."""
+    n = ntpcs()
+    shim = os.path.realpath(os.path.join(SHIM_DIR, "libcuda.so.1"))
+    first = os.path.realpath(cache[0]) if cache else None
+    # The loader must find the real driver with the shim out of the environment: through its cache, unless
+    # that lists none (or the shim first: --system-wide), then through the driver's own directory.
+    llp = "/nonexistent" if first is not None and first != shim and "/nvtaskset/" not in first \
+        else os.path.dirname(real)
+    log(f"INFO trust e: bypass with LD_LIBRARY_PATH={llp} (loader cache's first libcuda.so.1: {cache[:1]})")
+    until = f"{TRUST}/until-e"
+    ready_a, ready_b = f"{TRUST}/ready-e-a", f"{TRUST}/ready-e-b"
+    renamed = f"{TRUST}/libnvrenamed-copy.so"
+    for p in (until, ready_a, ready_b):
+        if os.path.exists(p):
+            os.remove(p)
+    import shutil
+    shutil.copy(real, renamed)
+    dl = os.path.join(TRUST, "dlopen_renamed.py")
+    with open(dl, "w") as f:
+        f.write("import ctypes, os, sys, time\n"
+                "lib = ctypes.CDLL(sys.argv[1])\n"
+                "r = lib.cuInit(0)\n"
+                "n = ctypes.c_int(-1)\n"
+                "lib.cuDeviceGetCount(ctypes.byref(n))\n"
+                "print('cuInit', r, 'devices', n.value, flush=True)\n"
+                "print('ready', flush=True)\n"
+                "t0 = time.time()\n"
+                "while not os.path.exists(sys.argv[2]) and time.time() - t0 < 120:\n"
+                "    time.sleep(0.02)\n")
+    probe = f"{GPUBIN}/smid_probe"
+    a = b = c = None
+    try:
+        a = Task([NV, "--no-mps", "-t", "0-3", "sh", "-c",
+                  f"exec env -u LD_PRELOAD LD_LIBRARY_PATH={llp} {probe} --interval-ms 20 --until-file {until} "
+                  f"--ready-file {ready_a}"], "trust-e-bypass")
+        b = Task([NV, "--no-mps", "-t", "4-7", probe, "--interval-ms", "20", "--until-file", until, "--ready-file",
+                  ready_b], "trust-e-partitioned")
+        c = Task([NV, "--no-mps", "-t", "0-3", sys.executable, dl, renamed, until], "trust-e-renamed")
+        up = wait_files([ready_a, ready_b], [a.p, b.p], 90) and c.wait_ready(90)
+        time.sleep(0.3)
+        rc_a, oa, ea, _ = run([NV, "-p", str(a.pid)], timeout=30)
+        rc_b, ob, eb, _ = run([NV, "-p", str(b.pid)], timeout=30)
+        rc_c, oc, ec, _ = run([NV, "-p", str(c.pid)], timeout=30)
+        rc_ca, oca, eca, _ = run([NV, "-p", "-t", "8-11", str(a.pid)], timeout=30)
+        rc_s, sj, se, _ = run([NV, "--status", "--json"], timeout=30)
+        rc_t, st, ste, _ = run([NV, "--status"], timeout=30)
+        log("INFO trust e: --status:\n" + st + ste)
+        try:
+            entries = {e["pid"]: e for e in json.loads(sj)["tasks"]}
+        except (ValueError, KeyError, TypeError):
+            entries = {}
+        open(until, "w").close()
+        for t in (a, b, c):
+            t.finish(60)
+        rows_a, _ = probe_lines(a.text())
+        rows_b, _ = probe_lines(b.text())
+    finally:
+        open(until, "w").close()
+        for t in (a, b, c):
+            if t is not None:
+                t.finish(30)
+                t.__exit__(None, None, None)
+        if os.path.exists(renamed):
+            os.remove(renamed)
+    check("trust e: the bypassing task and a partitioned one started", up,
+          f"{a.err().strip()[-200:]} {b.err().strip()[-200:]} {c.err().strip()[-200:]}")
+    check(f"trust e: `sh -c 'exec env -u LD_PRELOAD LD_LIBRARY_PATH={llp} smid_probe'` under -t 0-3 really bypasses: "
+          "every kernel runs on more than TPCs 0-3",
+          len(rows_a) >= 3 and all(not r <= set(range(4)) for r in rows_a),
+          f"{len(rows_a)} kernels on {sorted({ranges(r) for r in rows_a})} (all TPCs: 0-{n - 1})")
+
+    def one_line_all(rc, err):
+        return rc == 1 and len(err.strip().splitlines()) == 1 and "runs on all TPCs" in err
+
+    check("trust e: `nvtaskset -p PID` of the bypassing task exits 1 with \"runs on all TPCs\" (one line)",
+          one_line_all(rc_a, ea), f"rc={rc_a} {oa.strip()} {ea.strip()}")
+    check("trust e: `nvtaskset -p -t 8-11 PID` of the bypassing task is refused the same way",
+          one_line_all(rc_ca, eca), f"rc={rc_ca} {oca.strip()} {eca.strip()}")
+    check("trust e: `nvtaskset -p PID` of a task that dlopen()ed a renamed copy of the driver exits 1 with \"runs on "
+          "all TPCs\"", one_line_all(rc_c, ec), f"rc={rc_c} {oc.strip()} {ec.strip()}; task: "
+          f"{c.text().strip()[:80]}")
+    check("trust e: the partitioned task beside them answers -p and ran on exactly 4-7",
+          rc_b == 0 and "4-7" in ob and len(rows_b) >= 3 and all(r == set(range(4, 8)) for r in rows_b),
+          f"rc={rc_b} {ob.strip()} {eb.strip()}; {len(rows_b)} kernels on {sorted({ranges(r) for r in rows_b})}")
+
+    def reason(e):
+        for k in ("unpartitioned_reason", "reason", "why"):
+            if isinstance(e.get(k), str) and e[k]:
+                return e[k]
+        return None
+
+    ea_, ec_, eb_ = entries.get(a.pid, {}), entries.get(c.pid, {}), entries.get(b.pid, {})
+    check("trust e: --status --json lists the bypassing task with \"partitioned\": false and a reason",
+          rc_s == 0 and ea_.get("partitioned") is False and reason(ea_) is not None,
+          f"rc={rc_s} pid {a.pid}: partitioned {ea_.get('partitioned')}, tpcs {ea_.get('tpcs')}, reason "
+          f"{reason(ea_)!r} {se.strip()[-200:]}")
+    check("trust e: --status --json lists the task with the renamed driver copy with \"partitioned\": false",
+          rc_s == 0 and ec_.get("partitioned") is False and reason(ec_) is not None,
+          f"pid {c.pid}: partitioned {ec_.get('partitioned')}, tpcs {ec_.get('tpcs')}, reason {reason(ec_)!r}")
+    check("trust e: --status --json lists the partitioned task beside them with \"partitioned\": true on 4-7",
+          rc_s == 0 and eb_.get("partitioned") is True and eb_.get("tpcs") == "4-7",
+          f"pid {b.pid}: partitioned {eb_.get('partitioned')}, tpcs {eb_.get('tpcs')}, reason {reason(eb_)!r}")
+    row = next((l for l in st.splitlines() if l.split()[:1] == [str(a.pid)]), "")
+    check("trust e: the --status table shows the bypassing task as UNPARTITIONED", rc_t == 0 and "UNPARTITIONED" in row,
+          f"row: {row.strip() or '(none)'}")
+
+
+def trust_secure_exec():
+    """f. Programs the kernel would run in secure-execution mode are refused before they start; without the bit
+    the same copy runs on exactly its TPCs."""
+    import grp
+    import pwd
+    base = None
+    for d in (TRUST, "/var/tmp", os.path.expanduser("~"), ROOT):
+        if os.path.isdir(d) and not os.statvfs(d).f_flag & os.ST_NOSUID:
+            base = d
+            break
+    nnp = re.search(r"^NoNewPrivs:\s+1", open("/proc/self/status").read(), re.M) is not None
+    if base is None or nnp:
+        log(f"INFO trust f: skipped: no file system without nosuid ({base}) or no_new_privs set ({nnp}): the kernel "
+            "would grant no set-id here")
+        return
+    d = os.path.join(base, "nvt-trust-setid")
+    import shutil
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    os.chmod(d, 0o755)
+    gname = grp.getgrgid(pwd.getpwnam("nvt-b").pw_gid).gr_name
+    try:
+        sgid = os.path.join(d, "sgid_probe")
+        shutil.copy(f"{GPUBIN}/smid_probe", sgid)
+        subprocess.run(["chgrp", gname, sgid], check=True, timeout=10)
+        os.chmod(sgid, 0o2755)
+        log(f"INFO trust f: {subprocess.run(['ls', '-l', sgid], capture_output=True, text=True).stdout.strip()} "
+            f"(file system of {base}: no nosuid)")
+
+        def refused(cmd, label, want, user=None):
+            if user:
+                p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, preexec_fn=as_user(user),
+                                   env=user_env(user), start_new_session=True)
+                rc, out, err = p.returncode, p.stdout, p.stderr
+                LOG.write(f"$ [{user}] {' '.join(cmd)} [rc={rc}]\n{out}{err}\n")
+            else:
+                rc, out, err, _ = run_group(cmd, timeout=60)
+            lines = err.strip().splitlines()
+            check(f"trust f: {label}: refused before it starts (exit 1, one line, no kernel)",
+                  rc == 1 and len(lines) == 1 and lines[0].startswith("nvtaskset") and all(w in err for w in want)
+                  and "secure-execution mode" in err and "iter " not in out and "device" not in out,
+                  f"rc={rc} {err.strip()[:400]} {out.strip()[:100]}")
+
+        refused([NV, "--no-mps", "-t", "0-3", sgid, "--iters", "1"], f"a set-gid copy of smid_probe (group {gname})",
+                [f"is set-gid (group {gname})"])
+        script = os.path.join(d, "script")
+        with open(script, "w") as f:
+            f.write(f"#!{sgid}\n")
+        os.chmod(script, 0o755)
+        refused([NV, "--no-mps", "-t", "0-3", script], "a script whose interpreter is that set-gid copy",
+                ["is set-gid", "the interpreter of"])
+        suid = os.path.join(d, "suid_probe")
+        shutil.copy(f"{GPUBIN}/smid_probe", suid)
+        subprocess.run(["chown", "nvt-b", suid], check=True, timeout=10)
+        os.chmod(suid, 0o4755)
+        refused([NV, "--no-mps", "-t", "0-3", suid, "--iters", "1"], "a set-uid copy of smid_probe (owner nvt-b)",
+                ["is set-uid (owner nvt-b)"])
+        os.chmod(sgid, 0o755)  # the bit off (the group stays)
+        rc, out, err, _ = run_group([NV, "--no-mps", "-t", "0-3", sgid, "--iters", "2"], timeout=60)
+        rows, _ = probe_lines(out)
+        check("trust f: the same copy without the set-gid bit runs on exactly TPCs 0-3",
+              rc == 0 and len(rows) == 2 and all(r == set(range(4)) for r in rows),
+              f"rc={rc} ran on {[ranges(r) for r in rows]} {err.strip()[-200:]}")
+        # File capabilities: refused for a user, run partitioned by root.
+        if not shutil_which("setcap"):
+            log("INFO trust f: no setcap here: file capabilities not checked")
+            return
+        capf = os.path.join(d, "cap_probe")
+        shutil.copy(f"{GPUBIN}/smid_probe", capf)
+        os.chmod(capf, 0o755)
+        r = subprocess.run(["setcap", "cap_sys_nice+ep", capf], capture_output=True, text=True, timeout=10)
+        if r.returncode != 0:
+            log(f"INFO trust f: setcap failed ({r.stderr.strip()}): file capabilities not checked")
+            return
+        refused([HARD + "/bin/nvtaskset", "--no-mps", "-t", "0-3", capf, "--iters", "1"],
+                "user nvt-a runs a copy carrying file capabilities (cap_sys_nice+ep)", ["carries file capabilities"],
+                user="nvt-a")
+        rc, out, err, _ = run_group([NV, "--no-mps", "-t", "0-3", capf, "--iters", "2"], timeout=60)
+        rows, _ = probe_lines(out)
+        check("trust f: root runs that copy with file capabilities partitioned, on exactly TPCs 0-3",
+              rc == 0 and len(rows) == 2 and all(r == set(range(4)) for r in rows),
+              f"rc={rc} ran on {[ranges(r) for r in rows]} {err.strip()[-200:]}")
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def trust_mps_pipe_dir():
+    """g. An MPS pipe directory owned by another user is refused in one line, and no daemon starts there; one of
+    root's own starts one (then stopped)."""
+    base = "/tmp/nvtaskset-trust-mps"  # root's, 0755: only the pipe directory's owner differs
+    foreign, own, logdir = f"{base}/foreign", f"{base}/own", f"{base}/log"
+    import shutil
+    for p in (foreign, own):
+        if os.path.isdir(p):
+            quit_mps_at(p)
+    shutil.rmtree(base, ignore_errors=True)
+    os.makedirs(base)
+    os.chmod(base, 0o755)
+    for p in (foreign, own, logdir):
+        os.makedirs(p)
+        os.chmod(p, 0o755)
+    subprocess.run(["chown", "nvt-b:", foreign], check=True, timeout=10)
+    try:
+        env = {"CUDA_MPS_PIPE_DIRECTORY": foreign, "CUDA_MPS_LOG_DIRECTORY": logdir}
+        rc, out, err, dt = run_group([NV, "-t", "0-3", "true"], timeout=60, env=env)
+        time.sleep(0.5)
+        daemons = mps_control_daemons(foreign)
+        lines = err.strip().splitlines()
+        check("trust g: CUDA_MPS_PIPE_DIRECTORY owned by user nvt-b: `nvtaskset -t 0-3 true` (MPS, as root) is refused "
+              "in one line", rc != 0 and len(lines) == 1 and lines[0].startswith("nvtaskset"),
+              f"rc={rc} {dt:.2f}s {err.strip()[:400]}")
+        check("trust g: ... and no MPS daemon was started there", not daemons and not os.listdir(foreign),
+              f"daemons with that pipe dir: {daemons}; dir holds {os.listdir(foreign)}")
+        env = {"CUDA_MPS_PIPE_DIRECTORY": own, "CUDA_MPS_LOG_DIRECTORY": logdir}
+        rc, out, err, dt = run_group([NV, "-t", "0-3", "true"], timeout=90, env=env)
+        check("trust g: the same with a pipe directory of root's own starts (the refusal is about the owner)",
+              rc == 0, f"rc={rc} {dt:.2f}s {err.strip()[:300]}; daemons there: {mps_control_daemons(own)}")
+    finally:
+        quit_mps_at(foreign)
+        quit_mps_at(own)
+        left = mps_control_daemons(foreign) + mps_control_daemons(own)
+        if left:
+            log(f"INFO trust g: MPS daemons still running after quit: {left}")
+
+
+def section_trust():
+    """Issue 21, never silently unpartitioned: the shim survives a replaced LD_LIBRARY_PATH, shell children follow
+    -p (also after a user switch, holding nothing of the task's region), a bypass is detected (-p, --status),
+    secure-execution programs and foreign MPS pipe directories are refused. Exact TPCs by %smid, --no-mps."""
+    import shutil
+    two_users()
+    shutil.rmtree(TRUST, ignore_errors=True)
+    os.makedirs(TRUST)
+    os.chmod(TRUST, 0o777)
+    real, cache = real_driver()
+    log(f"INFO trust: real driver {real} -> {real and os.path.realpath(real)}; loader cache libcuda.so.1: {cache}; "
+        f"shim {os.path.realpath(os.path.join(SHIM_DIR, 'libcuda.so.1'))}")
+    if real is None:
+        check("trust: the real driver found", False, "no libcuda.so.1 other than the shim")
+        return
+    llp = f"{os.path.dirname(real)}:/usr/local/cuda/lib64"  # the real driver's directory first
+    steps = [("a", lambda: trust_wrapper(real)), ("b", lambda: trust_torch(llp)), ("c", lambda: trust_maps(real)),
+             ("d", trust_shell_child_after_p), ("e", lambda: trust_bypass(real, cache)), ("f", trust_secure_exec),
+             ("g", trust_mps_pipe_dir)]
+    only = os.environ.get("TRUST_PARTS")  # e.g. "ade": a subset, for a rerun
+    for name, fn in steps:
+        if only and name not in only:
+            continue
+        t0 = time.monotonic()
+        try:
+            fn()
+        except Exception as e:  # one broken part is a failure, the others still run
+            import traceback
+            LOG.write(traceback.format_exc())
+            check(f"trust {name} completed", False, repr(e))
+        log(f"INFO trust {name}: {time.monotonic() - t0:.1f}s")
+
+
 SECTIONS = ["calibrate", "probe", "lists", "gpc", "live", "mps", "torch", "bench", "errors", "multi", "systemwide",
-            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening", "sharing", "racing", "multiuser", "smcount", "startupcache", "queues", "forks"]
+            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening", "sharing", "racing", "multiuser", "smcount", "startupcache", "queues", "forks", "trust"]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:] or SECTIONS
