@@ -79,7 +79,7 @@ std::vector<MappedFile> mapped_files(const std::string& maps) {
 
 }  // namespace
 
-DriverUse task_driver_use(pid_t pid, bool hooked) {
+DriverUse task_driver_use(pid_t pid, std::optional<bool> hooked) {
   DriverUse u;
   std::string maps;
   if (pid <= 0 || !read_maps(pid, &maps)) {
@@ -111,7 +111,7 @@ DriverUse task_driver_use(pid_t pid, bool hooked) {
     u.state = DriverUse::State::kBypassed;
     u.why = "a second CUDA driver, " + drivers[1] + ", is loaded beside " + drivers[0] +
             ", and nvtaskset's shim hooks only one";
-  } else if (!hooked) {
+  } else if (hooked.has_value() && !*hooked) {
     u.state = DriverUse::State::kBypassed;
     u.why = "the CUDA driver " + drivers[0] + " was loaded by the program itself, and nvtaskset's shim hooks none";
   } else {

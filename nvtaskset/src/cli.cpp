@@ -951,7 +951,16 @@ int do_pid(const Options& o) {
   // descendant that runs under the shim; one that ended meanwhile, or never
   // loaded the shim, is not part of the family.
   std::vector<std::pair<pid_t, std::unique_ptr<ctl::Region>>> family;
-  family.emplace_back(pid, ctl::Region::attach(pid));
+  try {
+    family.emplace_back(pid, ctl::Region::attach(pid));
+  } catch (const ctl::Error& e) {
+    // No region, but the driver in its maps: it reached the driver without
+    // the shim (task_driver.hpp), whatever its status entry says.
+    if (std::string_view(e.what()).find("not running under nvtaskset") != std::string_view::npos)
+      if (const ctl::DriverUse use = ctl::task_driver_use(pid, false); use.state == ctl::DriverUse::State::kBypassed)
+        throw Failure("pid " + std::to_string(pid) + " runs on all TPCs: " + use.why);
+    throw;
+  }
   std::set<pid_t> members{pid};
   if (o.all_tasks) {
     for (pid_t d : descendants(pid)) {

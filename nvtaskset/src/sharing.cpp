@@ -10,12 +10,15 @@
 
 #include <cstdio>
 #include <map>
+#include <optional>
+#include <set>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "nvtaskset/control_region.hpp"
 #include "nvtaskset/idlist.hpp"
 #include "nvtaskset/mps.hpp"
+#include "nvtaskset/task_driver.hpp"
 
 namespace nvtaskset::cli {
 namespace {
@@ -207,14 +210,32 @@ int print_status(Devices& devices, bool json) {
   // counters and to repair an entry a killed -p left (repair_entry). Only
   // the task's user and root can attach; for others the map holds null.
   std::map<pid_t, std::unique_ptr<ctl::Region>> regions;
+  std::set<pid_t> regionless;  // attach found no region at all
   for (ctl::StatusEntry& e : status) {
     std::unique_ptr<ctl::Region>& r = regions[e.pid];
     try {
       r = ctl::Region::attach(e.pid);
-    } catch (const std::exception&) {
+    } catch (const std::exception& x) {
+      if (std::string_view(x.what()).find("not running under nvtaskset") != std::string_view::npos)
+        regionless.insert(e.pid);
       continue;
     }
     repair_entry(e, *r);
+  }
+  // Whether each task's kernels can reach the GPU around its shim, from its
+  // maps (task_driver.hpp), once per task: a task that can is never shown as
+  // partitioned. Only the task's user and root may read its maps.
+  std::map<pid_t, ctl::DriverUse> use;
+  for (const ctl::StatusEntry& e : status) {
+    if (use.count(e.pid)) continue;
+    std::optional<bool> hooked;  // unknown for a region that cannot be attached
+    if (const ctl::Region* region = regions[e.pid].get()) {
+      const std::uint32_t hook = region->header().callback_registered.load(std::memory_order_acquire);
+      hooked = hook != 0 && hook != ctl::kHookFailed;
+    } else if (regionless.count(e.pid)) {
+      hooked = false;
+    }
+    use[e.pid] = ctl::task_driver_use(e.pid, hooked);
   }
   // Device indices as this process sees them, when a driver answers; the
   // UUID otherwise (a status needs no GPU to be read).
@@ -298,13 +319,17 @@ int print_status(Devices& devices, bool json) {
       counters = {{"kernels_launched", k}, {"graphs_following", gf}, {"graphs_not_following", gn},
                   {"max_cluster", mc}};
     }
+    const ctl::DriverUse& u = use[pid];
+    const bool bypassed = u.state == ctl::DriverUse::State::kBypassed;
     const std::string tpcs = r.tpcs.empty() ? "physical " + r.dp->partition.enabled.bits.to_hex()
                                             : format_list(r.tpcs.bits);
+    if (bypassed && (i == 0 || rows[i - 1].e->pid != pid))
+      notes.push_back("pid " + std::to_string(pid) + " runs on all TPCs, not on " + tpcs + ": " + u.why);
     const unsigned sms = 2 * r.tpcs.size();
     const std::string user = user_name(r.e->uid);
     const std::vector<std::string> argv = argv_of(pid);
-    table.push_back(
-        {std::to_string(pid), user, gpu, tpcs, gpcs, std::to_string(sms), kernels, graphs, cluster, table_command(argv)});
+    table.push_back({std::to_string(pid), user, gpu, bypassed ? "UNPARTITIONED" : tpcs, gpcs, std::to_string(sms),
+                     kernels, graphs, cluster, table_command(argv)});
     for (pid_t other : share_tpcs[i])
       if (other > pid) notes.push_back("pids " + std::to_string(pid) + " and " + std::to_string(other) + " share TPCs");
     for (pid_t other : share_gpcs[i])
@@ -322,6 +347,11 @@ int print_status(Devices& devices, bool json) {
       j["gpcs_touched"] = touched;
     }
     if (!counters.is_null()) j.update(counters);
+    // "tpcs" is what nvtaskset set; "partitioned" says whether the task's
+    // kernels get it, "verified" whether its maps could be read to tell.
+    j["partitioned"] = !bypassed;
+    j["verified"] = u.state != ctl::DriverUse::State::kUnknown;
+    if (bypassed) j["unpartitioned_reason"] = u.why;
     jt.push_back(j);
   }
   // Which user each MPS server serves: another user's clients wait for it.

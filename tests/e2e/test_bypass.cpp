@@ -205,6 +205,77 @@ TEST_F(Bypass, DriverPreloadedUnderAnotherNameIsRefused) {
   EXPECT_EQ(records().at(0).mask, disable64(0xf));
 }
 
+// 5. A task that reaches the driver around the shim anyway is never shown
+// as partitioned: found from its maps, not from anything it says.
+TEST_F(Bypass, ATaskThatReachesTheDriverWithoutTheShimIsShownUnpartitioned) {
+  const std::string until = path("until");
+  // A wrapper that clears LD_PRELOAD and replaces LD_LIBRARY_PATH, and a
+  // program that loads a renamed copy of the driver by its path.
+  const std::string copy = path("private-driver.so");
+  fs::copy_file(kFake, copy);
+  Env env = env_;
+  env["LAUNCHER_LIBCUDA"] = copy;
+  Proc& a = start({kCli, "--no-mps", "-t", "0-1", "sh", "-c",
+                   "exec env -u LD_PRELOAD LD_LIBRARY_PATH=/nonexistent \"$0\" --until-file \"$1\" --interval-ms 5 "
+                   "--ready-file \"$1.a\"", kLauncher, until});
+  Proc& b = start({kCli, "--no-mps", "-t", "2-3", kLauncherDlopen, "--until-file", until, "--interval-ms", "5",
+                   "--ready-file", until + ".b"}, env);
+  Proc& c = start({kCli, "--no-mps", "-t", "4-5", kLauncher, "--until-file", until, "--interval-ms", "5",
+                   "--ready-file", until + ".c"});
+  const long pa = wait_ready(until + ".a", a), pb = wait_ready(until + ".b", b), pc = wait_ready(until + ".c", c);
+  ASSERT_GT(pa, 0) << a.err();
+  ASSERT_GT(pb, 0) << b.err();
+  ASSERT_GT(pc, 0) << c.err();
+  // The bypass is real: a's and b's launches are unmasked.
+  for (long pid : {pa, pb}) {
+    const auto recs = records_of(pid);
+    ASSERT_FALSE(recs.empty());
+    EXPECT_EQ(recs.back().mask, "0x0") << pid;
+  }
+  Result st = run({kCli, "--status", "--json"});
+  ASSERT_TRUE(ExitedWith(st, 0)) << st;
+  std::map<long, nlohmann::json> by_pid;
+  const auto j = nlohmann::json::parse(st.out);
+  for (const auto& t : j["tasks"]) by_pid[t["pid"].get<long>()] = t;
+  ASSERT_EQ(by_pid.size(), 3u) << st.out;
+  EXPECT_EQ(by_pid[pa]["partitioned"], false) << st.out;
+  EXPECT_NE(by_pid[pa]["unpartitioned_reason"].get<std::string>().find("is loaded without nvtaskset's shim"), npos);
+  EXPECT_EQ(by_pid[pb]["partitioned"], false) << st.out;
+  EXPECT_NE(by_pid[pb]["unpartitioned_reason"].get<std::string>().find("private-driver.so"), npos) << st.out;
+  EXPECT_EQ(by_pid[pc]["partitioned"], true) << st.out;
+  for (long pid : {pa, pb, pc}) EXPECT_EQ(by_pid[pid]["verified"], true) << pid;
+  st = run({kCli, "--status"});
+  for (long pid : {pa, pb}) {
+    bool row = false;
+    for (const auto& l : lines_of(st.out))
+      row = row || (l.starts_with(std::to_string(pid) + " ") && l.find(" UNPARTITIONED ") != npos);
+    EXPECT_TRUE(row) << pid << ":\n" << st.out;
+    EXPECT_NE(st.out.find("note: pid " + std::to_string(pid) + " runs on all TPCs, not on "), npos) << st.out;
+  }
+  // -p neither reports nor changes a partition that does not hold.
+  for (long pid : {pa, pb}) {
+    for (const std::vector<std::string>& argv :
+         {std::vector<std::string>{kCli, "-p", std::to_string(pid)},
+          std::vector<std::string>{kCli, "-p", "-t", "6", std::to_string(pid)}}) {
+      const Result q = run(argv);
+      EXPECT_TRUE(FailedWithOneLine(q)) << q;
+      EXPECT_NE(q.err.find("pid " + std::to_string(pid) + " runs on all TPCs: "), npos) << q;
+    }
+  }
+  EXPECT_TRUE(ExitedWith(run({kCli, "-p", std::to_string(pc)}), 0));
+  // Another user cannot read the tasks' maps: the entries are shown as
+  // published, and said to be unverified.
+  if (const auto other = second_user()) {
+    const Result o = run(as_user(*other, {kCli, "--status", "--json"}));
+    ASSERT_TRUE(ExitedWith(o, 0)) << o;
+    const auto oj = nlohmann::json::parse(o.out);
+    ASSERT_EQ(oj["tasks"].size(), 3u) << o.out;
+    for (const auto& t : oj["tasks"]) EXPECT_EQ(t["verified"], false) << o.out;
+  }
+  touch(until);
+  for (Proc* p : {&a, &b, &c}) EXPECT_TRUE(ExitedWith(p->wait(), 0));
+}
+
 // 4. Children started by paths that run no fork handler (system(), popen(),
 // posix_spawn(), vfork()) hold no descriptor or mapping of the task's
 // region, and get its CURRENT partition, not the launch-time list.

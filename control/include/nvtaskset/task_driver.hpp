@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 
 namespace nvtaskset::ctl {
@@ -24,9 +25,10 @@ struct DriverUse {
   std::string why;  // kBypassed, kUnknown: one line
 };
 
-// `hooked`: the task's shim has subscribed its launch callback in the driver
-// it loaded (its region's callback_registered). A driver mapped while the
-// shim hooks none was loaded by something else.
-DriverUse task_driver_use(pid_t pid, bool hooked);
+// `hooked`: whether the task's shim has subscribed its launch callback in
+// the driver it loaded (its region's callback_registered; false when it has
+// no region); nullopt when that cannot be read (a corrupt region). A driver
+// mapped while the shim hooks none was loaded by something else.
+DriverUse task_driver_use(pid_t pid, std::optional<bool> hooked);
 
 }  // namespace nvtaskset::ctl
