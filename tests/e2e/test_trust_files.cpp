@@ -17,8 +17,6 @@ namespace {
 // `-t 0-3` runs on the TPCs that bits 8-11 control.
 constexpr std::array<unsigned, 8> kForgedBits = {8, 9, 10, 11, 12, 13, 14, 15};
 
-std::string forged_disable_0_3() { return disable128(0, ~std::uint64_t{0xf00}); }
-
 // The CLI under an address-space limit, so that an allocation sized by
 // untrusted input fails at once instead of taking seconds and gigabytes.
 // ASan reserves terabytes of address space for its shadow memory: under it
