@@ -259,6 +259,34 @@ class E2E : public ::testing::Test {
 
   std::string path(const std::string& name) const { return dir_ + "/" + name; }
 
+  // The CLI, its shim, the stand-in driver and the launchers, copied into this
+  // test's directory for the tests that run them as a second user: the build
+  // tree may sit where no other user can open a file (a checkout under
+  // `mktemp -d` is 0700), and the loader then cannot open the shim or the
+  // driver. The copied CLI finds the copied shim next to it (../lib/nvtaskset),
+  // and this test's environment names the copied driver.
+  struct Copies {
+    std::string cli, shim, launcher, launcher_dlopen;
+  };
+  Copies copies_for_other_users() {
+    const std::string d = path("pub");
+    fs::create_directories(d + "/bin");
+    fs::create_directories(d + "/lib/nvtaskset");
+    fs::create_directories(d + "/driver");
+    const Copies c{d + "/bin/nvtaskset", d + "/lib/nvtaskset/libcuda.so.1", d + "/bin/launcher",
+                   d + "/bin/launcher_dlopen"};
+    const std::string fake = d + "/driver/libcuda.so.1";
+    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
+             {kCli, c.cli}, {kShim, c.shim}, {kLauncher, c.launcher}, {kLauncherDlopen, c.launcher_dlopen}, {kFake, fake}})
+      fs::copy_file(from, to, fs::copy_options::overwrite_existing);
+    for (const std::string& x : {d, d + "/bin", d + "/lib", d + "/lib/nvtaskset", d + "/driver", c.cli, c.shim,
+                                 c.launcher, c.launcher_dlopen, fake})
+      ::chmod(x.c_str(), 0755);
+    ::chmod(dir_.c_str(), 0711);
+    env_["NVTASKSET_REAL_LIBCUDA"] = fake;
+    return c;
+  }
+
   // The caller's environment without anything that could steer the shim, the
   // stand-in, CUDA or MPS, plus the stand-in as the real driver.
   Env base_env() const {

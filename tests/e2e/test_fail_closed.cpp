@@ -120,7 +120,7 @@ TEST_F(FailClosed, AFullStatusDirectoryStopsExclusiveAndLiveChangesAndIsSaidOthe
   EXPECT_EQ(mask_of(a), hopper_disable({0, 2}));
 
   // Other launches run, and say once that --status does not list them.
-  for (const std::vector<std::string> options : {std::vector<std::string>{"-n", "2"}, {"-t", "5"}}) {
+  for (const std::vector<std::string>& options : {std::vector<std::string>{"-n", "2"}, {"-t", "5"}}) {
     std::vector<std::string> argv{kCli, "--no-mps"};
     argv.insert(argv.end(), options.begin(), options.end());
     argv.insert(argv.end(), {kLauncher, "--kernels", "1"});
@@ -187,8 +187,10 @@ TEST_F(FailClosed, AUserHoldingTheRegionLockCannotStallRootsChange) {
   env["XDG_CONFIG_HOME"] = u + "/config";
   env["XDG_RUNTIME_DIR"] = u + "/runtime";
   ::chmod(path("topology.json").c_str(), 0644);
-  Proc& task = start(as({kCli, "--no-mps", "-t", "0,2", kLauncher, "--until-file", u + "/until", "--interval-ms", "5",
-                         "--ready-file", u + "/ready"}),
+  const Copies pub = copies_for_other_users();
+  env["NVTASKSET_REAL_LIBCUDA"] = env_["NVTASKSET_REAL_LIBCUDA"];
+  Proc& task = start(as({pub.cli, "--no-mps", "-t", "0,2", pub.launcher, "--until-file", u + "/until", "--interval-ms",
+                         "5", "--ready-file", u + "/ready"}),
                      env);
   const long a = wait_ready(u + "/ready", task);
   ASSERT_GT(a, 0) << task.err();
@@ -219,7 +221,7 @@ TEST_F(FailClosed, AUserHoldingTheRegionLockCannotStallRootsChange) {
 
 TEST_F(FailClosed, ControlCharactersInArgumentsNeverReachTheTerminal) {
   const std::string marker = path("marker");
-  for (const std::vector<std::string> argv :
+  for (const std::vector<std::string>& argv :
        {std::vector<std::string>{kCli, "--no-mps", "-d", "0\n1", "-t", "0", "touch", marker},
         {kCli, "--no-mps", "-d", "\x1b[31mGPU-evil", "-t", "0", "touch", marker},
         {kCli, "--no-mps", "-d", "GPU-\x07zz", "-t", "0", "touch", marker},
