@@ -142,8 +142,22 @@ bool private_dir_ok(const std::string& dir, std::string* why) {
 // directory anyone may create that name first. A daemon reached there is
 // one root's launches would wait on (a fake one delayed every launch and
 // --status) and that serves them as MPS clients.
+//
+// The pipe directory itself may be writable by every user when it is this
+// user's or root's: the control daemon makes it so (mode 0777, not sticky,
+// whatever the umask: measured on an H100, driver 580.159.04, starting
+// `nvidia-cuda-mps-control -d` as root; docs/hardware.md "MPS"), so that
+// every user's clients can reach it. What nvtaskset talks to there is the
+// control socket, whose owner is checked; one another user put in place of
+// the daemon's is refused.
 std::string pipe_dir_problem(const std::string& dir) {
-  if (std::string e = ctl::check_trusted_dir(dir); !e.empty()) return e;
+  struct stat dst {};
+  if (::lstat(dir.c_str(), &dst) != 0) return dir + ": " + errno_text(errno);
+  if (S_ISLNK(dst.st_mode)) return dir + " is a symbolic link, which is never followed";
+  if (!S_ISDIR(dst.st_mode)) return dir + " is not a directory";
+  const bool daemon_layout = (dst.st_uid == 0 || dst.st_uid == ::geteuid()) && (dst.st_mode & S_IWOTH) != 0;
+  if (std::string e = daemon_layout ? ctl::check_trusted_parent(dir) : ctl::check_trusted_dir(dir); !e.empty())
+    return e;
   const std::string sock = dir + "/control";
   struct stat st {};
   if (::lstat(sock.c_str(), &st) != 0) return "";

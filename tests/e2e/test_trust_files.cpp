@@ -191,22 +191,49 @@ TEST_F(TrustFiles, ATopologyFileOthersCouldHaveWrittenIsRefused) {
 TEST_F(TrustFiles, AnMpsPipeDirectoryOthersControlIsNeverUsed) {
   env_["NVTASKSET_MPS_CONTROL"] = kFakeMps;
   env_["FAKE_MPS_IDLE_MS"] = "20000";
+  // A pipe directory under one every user can write: anyone could put
+  // another tree in its place.
+  const std::string open_parent = path("open");
+  ASSERT_EQ(::mkdir(open_parent.c_str(), 0777), 0);
+  ::chmod(open_parent.c_str(), 0777);
+  const std::string inside = open_parent + "/mps";
+  ASSERT_EQ(::mkdir(inside.c_str(), 0755), 0);
+  env_["CUDA_MPS_PIPE_DIRECTORY"] = inside;
+  const std::string marker = path("marker");
+  Result r = run({kCli, "-t", "0", "touch", marker});
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  EXPECT_NE(r.err.find("MPS pipe directory not used: " + open_parent + " is writable by every user"),
+            std::string::npos)
+      << r;
+  EXPECT_NE(r.err.find("; set CUDA_MPS_PIPE_DIRECTORY to a directory of your own, or use --no-mps"), std::string::npos)
+      << r;
+  EXPECT_FALSE(exists(marker));
+  EXPECT_FALSE(exists(inside + "/control")) << "a daemon was started there";
+
+  const auto other = second_user();
+  if (!other) GTEST_SKIP() << "needs root to create a second Unix user (CI runs as root)";
+  // Root's own pipe directory as the real daemon leaves it (mode 0777), in
+  // which the other user started a daemon of theirs first: its socket is
+  // theirs, and nothing is asked of it.
   const std::string pipe = path("mps-shared");
   ASSERT_EQ(::mkdir(pipe.c_str(), 0777), 0);
   ::chmod(pipe.c_str(), 0777);
   env_["CUDA_MPS_PIPE_DIRECTORY"] = pipe;
-  const std::string marker = path("marker");
-  Result r = run({kCli, "-t", "0", "touch", marker});
-  EXPECT_TRUE(FailedWithOneLine(r)) << r;
-  EXPECT_NE(r.err.find("MPS pipe directory not used: " + pipe + " is writable by every user; set "
-                       "CUDA_MPS_PIPE_DIRECTORY to a directory of your own, or use --no-mps"),
-            std::string::npos)
-      << r;
-  EXPECT_FALSE(exists(marker));
-  EXPECT_FALSE(exists(pipe + "/control")) << "a daemon was started there";
+  {
+    Env theirs = env_;
+    theirs["CUDA_MPS_LOG_DIRECTORY"] = path("their-log");
+    ASSERT_EQ(::mkdir(path("their-log").c_str(), 0755), 0);
+    give(path("their-log"), *other);
+    ASSERT_TRUE(ExitedWith(run(as_user(*other, {kFakeMps, "-d"}), theirs), 0));
+    ASSERT_TRUE(exists(pipe + "/control"));
+    r = run({kCli, "-t", "0", "touch", marker});
+    EXPECT_TRUE(FailedWithOneLine(r)) << r;
+    EXPECT_NE(r.err.find(pipe + "/control is owned by uid " + std::to_string(other->first)), std::string::npos) << r;
+    EXPECT_FALSE(exists(marker));
+    run(as_user(*other, {"sh", "-c", "echo quit | " + kFakeMps}), theirs);
+    ASSERT_TRUE(wait_until([&] { return !exists(pipe + "/control"); })) << "their daemon did not quit";
+  }
 
-  const auto other = second_user();
-  if (!other) GTEST_SKIP() << "needs root to create a second Unix user (CI runs as root)";
   // The other user's own directory, with their daemon in it, which would
   // answer each get_client_list late.
   ::chmod(pipe.c_str(), 0755);

@@ -563,22 +563,32 @@ TEST_F(MpsTest, StartedMessageForTheDefaultPipeDirectory) {
 // waited on it and became its clients. It is neither used nor started in,
 // in one line that says what to do.
 TEST_F(MpsTest, PipeDirectoryOthersCanWriteIsRefused) {
-  fs::create_directories(pipe_);
-  ::chmod(pipe_.c_str(), 0777);
+  // Under a directory every user can write (and not sticky), anyone could
+  // put another tree in its place.
+  const std::string open_parent = fs::path(pipe_).parent_path().string() + "/open";
+  fs::create_directories(open_parent);
+  ::chmod(open_parent.c_str(), 0777);
+  const std::string inside = open_parent + "/mps";
+  fs::create_directories(inside);
+  ::setenv("CUDA_MPS_PIPE_DIRECTORY", inside.c_str(), 1);
   try {
     mps::ensure_daemon(fake_opts());
     FAIL() << "expected mps::Error";
   } catch (const mps::Error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("MPS pipe directory not used: " + pipe_ + " is writable by every user"), std::string::npos) << m;
+    EXPECT_NE(m.find("MPS pipe directory not used: " + open_parent + " is writable by every user"), std::string::npos)
+        << m;
     EXPECT_NE(m.find("set CUDA_MPS_PIPE_DIRECTORY to a directory of your own, or use --no-mps"), std::string::npos)
         << m;
     EXPECT_EQ(m.find('\n'), std::string::npos) << m;
   }
-  EXPECT_FALSE(fs::exists(pipe_ + "/control")) << "no daemon was started there";
+  EXPECT_FALSE(fs::exists(inside + "/control")) << "no daemon was started there";
   EXPECT_FALSE(fs::exists(fs::path(log_) / "control.log"));
+  ::setenv("CUDA_MPS_PIPE_DIRECTORY", pipe_.c_str(), 1);
+  // A pipe directory of another user, whatever its mode.
   if (::geteuid() == 0) {
-    ::chmod(pipe_.c_str(), 0755);
+    fs::create_directories(pipe_);
+    ::chmod(pipe_.c_str(), 0777);
     ASSERT_EQ(::chown(pipe_.c_str(), 54321, static_cast<gid_t>(-1)), 0);
     try {
       mps::ensure_daemon(fake_opts());
@@ -590,7 +600,17 @@ TEST_F(MpsTest, PipeDirectoryOthersCanWriteIsRefused) {
   }
 }
 
-// In a sticky directory anyone may create the socket's name first.
+// The control daemon makes its pipe directory writable by every user (0777,
+// measured with the real daemon started by root): a directory of this
+// user's or root's in that layout is used, its socket's owner checked.
+TEST_F(MpsTest, ThePipeDirectoryAsTheDaemonLeavesItIsUsed) {
+  fs::create_directories(pipe_);
+  ::chmod(pipe_.c_str(), 0777);
+  EXPECT_TRUE(mps::ensure_daemon(fake_opts()).started);
+  EXPECT_TRUE(fs::exists(pipe_ + "/control"));
+}
+
+// In a directory others can write, anyone may create the socket's name first.
 TEST_F(MpsTest, AControlSocketOfAnotherUserIsRefused) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a socket away";
   fs::create_directories(pipe_);
@@ -614,14 +634,18 @@ TEST_F(MpsTest, ServersAreNotAskedOfADaemonInADirectoryOthersCanWrite) {
   ::setenv("FAKE_MPS_SERVERS", (std::to_string(::getpid()) + ":2").c_str(), 1);
   ASSERT_TRUE(mps::ensure_daemon(fake_opts()).started);
   ::unsetenv("FAKE_MPS_SERVERS");
-  ::chmod(pipe_.c_str(), 0777);
+  // A link in its place: never followed.
+  const std::string real = pipe_ + ".real";
+  fs::rename(pipe_, real);
+  fs::create_directory_symlink(real, pipe_);
   EXPECT_TRUE(mps::servers(fake_opts()).empty());
   {
     mps::OtherUsersCheck check(fake_opts());
     EXPECT_TRUE(check.servers().empty());
   }
   EXPECT_EQ(read_file(fs::path(log_) / "control.log").find("command: get_server_list"), std::string::npos);
-  ::chmod(pipe_.c_str(), 0755);
+  fs::remove(pipe_);
+  fs::rename(real, pipe_);
   EXPECT_EQ(mps::servers(fake_opts()).size(), 1u) << "the same daemon, once the directory is safe";
 }
 
