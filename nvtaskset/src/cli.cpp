@@ -369,7 +369,7 @@ std::string self_exe() {
   std::fflush(nullptr);
   ::execvpe(argv[0], argv.data(), envp.data());
   const int err = errno;
-  std::fprintf(stderr, "nvtaskset: failed to execute %s: %s\n", cmd[0].c_str(), std::strerror(err));
+  std::fprintf(stderr, "nvtaskset: failed to execute %s: %s\n", printable(cmd[0], 200).c_str(), std::strerror(err));
   std::exit(err == ENOENT ? 127 : 126);
 }
 
@@ -1218,6 +1218,18 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
       *e = "LD_PRELOAD=" + shim + ":" + e->substr(std::strlen("LD_PRELOAD="));
   } else {
     set("LD_PRELOAD", shim);
+  }
+  // An AddressSanitizer-instrumented program refuses to start when any
+  // library precedes its runtime in the load order ("ASan runtime does not
+  // come first in initial library list"), as a preloaded one does: every
+  // such program under nvtaskset stopped (seen in CI's sanitizer build). The
+  // check guards against a library that interposes what ASan intercepts
+  // (malloc, ...); the shim exports only the driver's cu* names, so it is
+  // turned off, unless the user chose otherwise.
+  if (std::string* e = find("ASAN_OPTIONS"); e && e->size() > std::strlen("ASAN_OPTIONS=")) {
+    if (e->find("verify_asan_link_order") == std::string::npos) *e += ":verify_asan_link_order=0";
+  } else {
+    set("ASAN_OPTIONS", "verify_asan_link_order=0");
   }
   // An MPS client's kernels share 2 hardware queues by default, so its
   // streams falsely wait for each other; CUDA_DEVICE_MAX_CONNECTIONS=8 gives it

@@ -661,9 +661,13 @@ void at_exit() {
 }
 
 // This process's public status entry (status.hpp), withdrawn at exit.
+// A process the CLI started was refused or warned about by the CLI already;
+// a child of a task is said here, once: it runs on the partition, but
+// `--status` and the TPCs `-n` avoids do not show it.
 void publish_own_status(const std::vector<DevicePartition>& parts) {
   if (const std::string why = ctl::publish_status(::getpid(), parts); !why.empty())
-    log(spdlog::level::debug, "no status entry: {}", why);
+    log(partition_set_by_cli() ? spdlog::level::debug : spdlog::level::warn,
+        "no status entry ({}): this process runs on its partition, but `nvtaskset --status` does not list it", why);
   else
     g_published.store(true, std::memory_order_relaxed);
 }

@@ -183,6 +183,9 @@ TEST_F(Bypass, DriverPreloadedUnderAnotherNameIsRefused) {
   for (const std::string& lib : {link, copy}) {
     Env env = env_;
     env["LD_PRELOAD"] = lib;
+    // The CLI itself is preloaded too here: in the sanitizer build its ASan
+    // runtime must not insist on coming first.
+    env["ASAN_OPTIONS"] = "verify_asan_link_order=0";
     const Result r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--kernels", "1"}, env);
     EXPECT_TRUE(FailedWithOneLine(r)) << r;
     EXPECT_NE(r.err.find("LD_PRELOAD names the CUDA driver (" + lib + ")"), npos) << r;
@@ -191,6 +194,7 @@ TEST_F(Bypass, DriverPreloadedUnderAnotherNameIsRefused) {
   // The shim itself may be preloaded (it carries nvtaskset's note).
   Env env = env_;
   env["LD_PRELOAD"] = kShim;
+  env["ASAN_OPTIONS"] = "verify_asan_link_order=0";
   const Result r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--kernels", "1"}, env);
   ASSERT_TRUE(ExitedWith(r, 0)) << r;
   EXPECT_EQ(records().at(0).mask, disable64(0xf));

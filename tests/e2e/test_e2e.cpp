@@ -862,7 +862,9 @@ TEST_F(E2E, EnvironmentOfTheTask) {
   const std::vector<std::string> print{"--print-env", "CUDA_DEVICE_MAX_CONNECTIONS",
                                        "--print-env", "CUDA_DEVICE_MAX_COPY_CONNECTIONS",
                                        "--print-env", "LD_LIBRARY_PATH",
-                                       "--print-env", "NVTASKSET_PARTITION"};
+                                       "--print-env", "NVTASKSET_PARTITION",
+                                       "--print-env", "LD_PRELOAD",
+                                       "--print-env", "ASAN_OPTIONS"};
   auto launch = [&](const Env& env) {
     std::vector<std::string> argv{kCli, "--no-mps", "-t", "0", kLauncher};
     argv.insert(argv.end(), print.begin(), print.end());
@@ -886,11 +888,19 @@ TEST_F(E2E, EnvironmentOfTheTask) {
   EXPECT_EQ(ldp->find(':'), std::string::npos) << *ldp;
   EXPECT_TRUE(shim_first(*ldp)) << *ldp;
   EXPECT_TRUE(printed_env(r.out, "NVTASKSET_PARTITION").has_value());
+  // The shim is preloaded too (a wrapper that replaces LD_LIBRARY_PATH keeps
+  // it), and an ASan-instrumented program accepts that.
+  EXPECT_EQ(printed_env(r.out, "LD_PRELOAD").value_or("<unset>"), kShim);
+  EXPECT_EQ(printed_env(r.out, "ASAN_OPTIONS").value_or("<unset>"), "verify_asan_link_order=0");
 
   Env env = env_;
   env["CUDA_DEVICE_MAX_CONNECTIONS"] = "4";
   env["LD_LIBRARY_PATH"] = "/opt/user/lib:/opt/other";
+  env["LD_PRELOAD"] = "libuser.so";
+  env["ASAN_OPTIONS"] = "detect_leaks=0";
   r = launch(env);
+  EXPECT_EQ(printed_env(r.out, "LD_PRELOAD").value_or("<unset>"), kShim + ":libuser.so");
+  EXPECT_EQ(printed_env(r.out, "ASAN_OPTIONS").value_or("<unset>"), "detect_leaks=0:verify_asan_link_order=0");
   ASSERT_TRUE(ExitedWith(r, 0));
   EXPECT_EQ(printed_env(r.out, "CUDA_DEVICE_MAX_CONNECTIONS").value_or("<unset>"), "4");
   ldp = printed_env(r.out, "LD_LIBRARY_PATH");
@@ -917,6 +927,10 @@ TEST_F(E2E, CommandThatCannotRunExits127) {
     const Result r = run({kCli, "--no-mps", "-t", "0", cmd});
     EXPECT_TRUE(FailedWithOneLine(r, 127));
   }
+  // A name with control characters is echoed escaped: one line, nothing raw.
+  const Result r = run({kCli, "--no-mps", "-t", "0", "no-such\x1b[2J\ncommand"});
+  EXPECT_TRUE(FailedWithOneLine(r, 127)) << r;
+  EXPECT_NE(r.err.find("no-such\\x1b[2J\\x0acommand"), std::string::npos) << r;
 }
 
 // --- 12: control-region lifetime ---------------------------------------------------------
