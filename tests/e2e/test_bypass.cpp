@@ -30,6 +30,13 @@ class Bypass : public E2E {
     // Another user must reach the programs and the status directory.
     ::chmod(dir_.c_str(), 0711);
   }
+  // The launches of every process but `pid` (its children).
+  std::vector<Record> records_of_others(long pid) const {
+    std::vector<Record> out;
+    for (const auto& rec : records())
+      if (rec.pid != pid) out.push_back(rec);
+    return out;
+  }
   // A copy of the linked launcher, as a program of the user's own.
   std::string copy_of_launcher(const std::string& name) {
     const std::string prog = path(name);
@@ -313,9 +320,7 @@ TEST_P(SpawnPaths, ChildGetsTheCurrentPartitionAndNoRegionOfTheParent) {
   touch(until);
   const Result r = p.wait();
   ASSERT_TRUE(ExitedWith(r, 0)) << r;
-  std::vector<Record> child;
-  for (const auto& rec : records())
-    if (rec.pid != pid) child.push_back(rec);
+  const std::vector<Record> child = records_of_others(pid);
   ASSERT_EQ(child.size(), 2u) << read_file(record_);
   for (const auto& rec : child) EXPECT_EQ(rec.mask, disable64(0x30)) << "the launch-time list, not the current: " << rec;
   const auto [parent_lines, child_lines] = split_at_child(r.out);
@@ -344,9 +349,7 @@ TEST_F(Bypass, ChildThatSwitchesUserHoldsNothingOfTheTaskAndKeepsItsPartition) {
   touch(until);
   const Result r = p.wait();
   ASSERT_TRUE(ExitedWith(r, 0)) << r;
-  std::vector<Record> child;
-  for (const auto& rec : records())
-    if (rec.pid != pid) child.push_back(rec);
+  const std::vector<Record> child = records_of_others(pid);
   ASSERT_EQ(child.size(), 2u) << read_file(record_);
   for (const auto& rec : child) EXPECT_EQ(rec.mask, disable64(0x42)) << rec;
   expect_child_holds_no_region_of(pid, split_at_child(r.out).second);

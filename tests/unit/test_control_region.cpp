@@ -16,22 +16,14 @@
 #include <fcntl.h>
 
 #include "nvtaskset/control_region.hpp"
+#include "region_test_util.hpp"
 
 using namespace nvtaskset;
 using namespace nvtaskset::ctl;
 
 namespace {
 
-// The descriptor through which this process holds its region, or -1.
-int own_region_fd() {
-  const std::string want = "/memfd:" + region_name(::getpid()) + " (deleted)";
-  for (int fd = 0; fd < 1024; ++fd) {
-    char target[256];
-    const ssize_t n = ::readlink(("/proc/self/fd/" + std::to_string(fd)).c_str(), target, sizeof target - 1);
-    if (n > 0 && std::string(target, static_cast<std::size_t>(n)) == want) return fd;
-  }
-  return -1;
-}
+using test::own_region_fd;
 
 // Waits for a forked child's status; -1 when it did not exit normally.
 int exit_code(pid_t child) {
