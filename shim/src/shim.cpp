@@ -190,22 +190,8 @@ bool partition_set_by_cli() {
 // How far up the process tree a partition is looked for.
 constexpr int kMaxAncestors = 64;
 
-// Where a task's partition comes from, the first that applies. A new image
-// never holds an earlier image's region (its descriptor is close-on-exec, so
-// that no child can steer the task through it), so:
-//  1. this process's own status entry: what nvtaskset last wrote for this
-//     PID (the CLI before it exec'd the task, `-p` since), so a partition
-//     changed live survives the task exec'ing another program;
-//  2. $NVTASKSET_PARTITION when the CLI exec'd this very process (its entry
-//     could not be published);
-//  3. the nearest ancestor under nvtaskset: its live region (same user),
-//     else its public status entry (another user's task: a child that
-//     switched user). Children started through a shell, system(),
-//     posix_spawn() or vfork() (no fork handler runs) so follow `-p` changes
-//     made after the task started, not the list it was launched with;
-//  4. $NVTASKSET_PARTITION as inherited, when no ancestor is left.
-// A malformed variable ends the process: running on TPCs the user did not
-// ask for is worse than not running.
+// The partition in $NVTASKSET_PARTITION. A malformed variable ends the
+// process: running on TPCs the user did not ask for is worse than not running.
 std::vector<DevicePartition> from_environment() {
   const char* env = std::getenv(kPartitionEnv);
   if (env == nullptr || *env == '\0') return {};
@@ -221,6 +207,20 @@ std::vector<DevicePartition> from_environment() {
   }
 }
 
+// Where a task's partition comes from, the first that applies. A new image
+// never holds an earlier image's region (its descriptor is close-on-exec, so
+// that no child can steer the task through it), so:
+//  1. this process's own status entry: what nvtaskset last wrote for this
+//     PID (the CLI before it exec'd the task, `-p` since), so a partition
+//     changed live survives the task exec'ing another program;
+//  2. $NVTASKSET_PARTITION when the CLI exec'd this very process (its entry
+//     could not be published);
+//  3. the nearest ancestor under nvtaskset: its live region (same user),
+//     else its public status entry (another user's task: a child that
+//     switched user). Children started through a shell, system(),
+//     posix_spawn() or vfork() (no fork handler runs) so follow `-p` changes
+//     made after the task started, not the list it was launched with;
+//  4. $NVTASKSET_PARTITION as inherited, when no ancestor is left.
 std::vector<DevicePartition> initial_partitions() {
   const pid_t self = ::getpid();
   std::vector<ctl::StatusEntry> status;
@@ -261,9 +261,9 @@ std::vector<DevicePartition> initial_partitions() {
 
 // ---- which copy of the shim hooks launches -------------------------------------
 // callback_registered holds a token of the process image that subscribed,
-// not just 1: the region outlives execve() (same PID, same start time), and
-// a new image must subscribe again, while a second copy of the shim in the
-// same image must not. AT_RANDOM (16 kernel-provided bytes, fresh at every
+// not just 1: a second copy of the shim in the same image (which finds the
+// same region) must not subscribe again, and a token names the image beyond
+// doubt should a region ever outlive one (it is close-on-exec now). AT_RANDOM (16 kernel-provided bytes, fresh at every
 // execve, shared by everything in the image) identifies the image; it is
 // mixed so no bits of the stack-protector/pointer guards seeded from it are
 // published in the shared region.
