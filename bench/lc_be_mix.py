@@ -14,18 +14,21 @@ Setups (SETUPS, one table): LC alone on the whole GPU and on its reservation (nv
 (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) and static nvtaskset -n 16 / -n 50 --exclusive. --with-roles
 adds the roles of issue 22 (-n 16 --latency-critical / --best-effort), once nvtaskset has them.
 
-Each round visits every setup once, in a random order (the setups that need the MPS control
+Each round makes every visit once, in a random order (the visits that need the MPS control
 daemon grouped, the groups' order random too). A visit starts the workers (this file, hidden
-subcommand `_worker lc|be`), which build their model once and serve one measurement window per
-pattern, patterns in a random order; every setup of a round gets the same Poisson arrivals. A
-window in which the BE task did not progress (fewer than 2 steps, or a stall) is rejected.
+subcommand `_worker lc|be`) once, which build their model once (starting them costs about 15 s,
+9 s of it importing transformers' GPT-2), and serves every window of a mix and of the baselines
+that start the same way: LC alone runs with the BE worker paused (its context idle, no work
+queued), BE alone with the LC worker idle. The windows of a visit (setup x pattern) run in a
+random order; every setup of a round gets the same Poisson arrivals. A window in which the BE
+task did not progress (fewer than 2 steps, or a stall) is rejected.
 
 Prints, per setup and pattern: LC p50/p99/p99.9 (ms), median [min-max] over rounds; their ratios
 to LC alone on the whole GPU and to LC alone on its reservation at the same pattern; BE it/s and
 its ratio to BE alone; GPU power (W) and SM clock (MHz), mean/min over the window (NVML, else
 nvidia-smi, every 200 ms); and whether issue 22's target is met.
 
-    python3 bench/lc_be_mix.py --out DIR [--nvtaskset PATH] [--reps 3] [--window-s 5] [--with-roles]
+    python3 bench/lc_be_mix.py --out DIR [--nvtaskset PATH] [--reps 3] [--window-s 4] [--with-roles]
     python3 bench/lc_be_mix.py --dry-run          # the plan and its estimated time; starts nothing
     python3 bench/lc_be_mix.py --quick --out DIR  # a smoke of about 2 minutes: 1 round, short windows
 
@@ -98,7 +101,8 @@ TARGETS = {
 
 # For the estimate and the time budget (seconds); the run measures the real start-up time and
 # uses the largest it saw.
-CHECK_S, STARTUP_S, SETTLE_S, TEARDOWN_S, WINDOW_OVERHEAD_S, MPS_TOGGLE_S = 15, 10, 0.5, 2, 0.4, 2
+CHECK_S, STARTUP_S, SETTLE_S, TEARDOWN_S, WINDOW_OVERHEAD_S, MPS_TOGGLE_S = 8, 17, 0.5, 2, 0.4, 2
+BE_RESUME_S = 0.3  # after BE resumes, before a window starts
 LC_WARMUP_REPLAYS = 10
 BE_WARMUP_STEPS = 3
 
@@ -266,18 +270,19 @@ def lc_worker(ctl):
         write_json(os.path.join(ctl, f"lc-win-{cmd['id']}.json"), lc_window(replay, cmd))
 
 
-def stdin_says_quit():
-    """Without blocking: True when the driver asked to quit or is gone (EOF)."""
-    if not select.select([sys.stdin], [], [], 0)[0]:
-        return False
+def next_command(block):
+    """The driver's next command; None when none waits (block=False). EOF (the driver is gone)
+    reads as quit. The driver sends one command and waits for its answer before the next."""
+    if not block and not select.select([sys.stdin], [], [], 0)[0]:
+        return None
     line = sys.stdin.readline()
-    return not line or "quit" in line
+    return json.loads(line) if line.strip() else {"cmd": "quit"}
 
 
 def be_worker(ctl):
-    """Trains until told to quit; appends each step's completion time (CLOCK_MONOTONIC, read as
-    the step's event completes, one step queued behind it so the GPU never waits on us) to
-    be-steps.txt."""
+    """Trains until told to quit, except while paused (then no work is queued on the GPU; the
+    context stays). Appends each step's completion time (CLOCK_MONOTONIC, read as the step's
+    event completes, one step queued behind it so the GPU never waits on us) to be-steps.txt."""
     import torch
     import transformers
     cfg = gpt2_config(transformers, None, n_layer=24, n_embd=1024, n_head=16)
@@ -299,9 +304,21 @@ def be_worker(ctl):
     info = versions(torch, transformers)
     info.update({"warmup_step_ms": (time.monotonic() - s) * 1e3 / BE_WARMUP_STEPS})
     write_json(os.path.join(ctl, "be-ready.json"), info)
-    prev = None
+    prev, running = None, True
     with open(os.path.join(ctl, "be-steps.txt"), "a", buffering=1) as log:
-        while not stdin_says_quit():
+        while True:
+            cmd = next_command(block=not running)
+            if cmd is not None:
+                if cmd["cmd"] == "quit":
+                    break
+                if cmd["cmd"] == "pause" and prev is not None:
+                    prev.synchronize()
+                    log.write(f"{time.monotonic():.6f}\n")
+                    prev = None
+                torch.cuda.synchronize()
+                running = cmd["cmd"] == "run"
+                write_json(os.path.join(ctl, f"be-ack-{cmd['id']}.json"), {"running": running})
+                continue
             step()
             ev = torch.cuda.Event()
             ev.record()
@@ -554,46 +571,61 @@ class Driver:
             kill_group(w.p)
             self.live.discard(w.p)
 
-    # ---- one visit: a setup's workers, one window per pattern ----
-    def visit(self, setup, rep, seeds):
-        vdir = os.path.join(self.tmp, f"r{rep}-{setup.name}")
+    # ---- one visit: a group's workers, every window of its setups ----
+    def visit(self, group, rep, seeds):
+        """Starts the group's workers once; runs each of its setups' windows, in a random order;
+        pauses BE for the windows of a setup without BE (LC alone)."""
+        vdir = os.path.join(self.tmp, f"r{rep}-{group[0].name}")
         os.makedirs(vdir)
+        lc_launch = next((g.lc for g in group if g.lc), None)
+        be_launch = next((g.be for g in group if g.be), None)
+        windows = [(g, p, r) for g in group for p, r in (self.patterns if g.lc else [("-", None)])]
+        random.shuffle(windows)
         workers = []
         t_start = time.monotonic()
         try:
             lc = be = None
-            if setup.lc:
-                lc = self.start(vdir, "lc", setup.lc)
+            if lc_launch:
+                lc = self.start(vdir, "lc", lc_launch)
                 workers.append(lc)
                 lc.wait_json("lc-started.json", 60)  # its nvtaskset has published its TPCs: BE chooses after it
-            if setup.be:
-                be = self.start(vdir, "be", setup.be)
+            if be_launch:
+                be = self.start(vdir, "be", be_launch)
                 workers.append(be)
             info = {w.role: w.wait_json(f"{w.role}-ready.json", self.a.ready_timeout) for w in workers}
             startup = time.monotonic() - t_start
             self.startups.append(startup)
             time.sleep(SETTLE_S)
-            if lc:
-                order = list(self.patterns)
-                random.shuffle(order)
-                for i, (pname, rate) in enumerate(order):
+            be_running = True
+            for i, (setup, pname, rate) in enumerate(windows):
+                if be:
+                    be_running = self.set_be(be, bool(setup.be), be_running, i)
+                if setup.lc:
                     lc.send({"cmd": "window", "id": i, "rate": rate, "seconds": window_s(self.a, rate),
                              "seed": seeds[pname]})
                     res = lc.wait_json(f"lc-win-{i}.json", window_s(self.a, rate) * 3 + 60)
-                    self.rows.append(self.row(setup, rep, pname, rate, res, be, vdir))
-                    if be and be.p.poll() is not None:
-                        raise be.failure(f"exited with status {be.p.returncode}")
-            else:
-                t0 = time.monotonic()
-                end = t0 + self.a.window_s
-                while time.monotonic() < end:
-                    if be.p.poll() is not None:
-                        raise be.failure(f"exited with status {be.p.returncode}")
-                    time.sleep(0.05)
-                self.rows.append(self.row(setup, rep, "-", None, {"t0": t0, "t1": time.monotonic()}, be, vdir))
+                else:
+                    res = {"t0": time.monotonic()}
+                    while time.monotonic() < res["t0"] + self.a.window_s and be.p.poll() is None:
+                        time.sleep(0.05)
+                    res["t1"] = time.monotonic()
+                self.rows.append(self.row(setup, rep, pname, rate, res, be if setup.be else None, vdir))
+                if be and be.p.poll() is not None:
+                    raise be.failure(f"exited with status {be.p.returncode}")
         finally:
             self.stop(workers)
-        self.visits.append({"setup": setup.name, "rep": rep, "startup_s": round(startup, 2), "workers": info})
+        self.visits.append({"setups": [g.name for g in group], "rep": rep, "startup_s": round(startup, 2),
+                            "workers": info})
+
+    def set_be(self, be, running, now_running, i):
+        """Runs or pauses BE; returns its new state. A pause returns once BE has no work queued."""
+        if running == now_running:
+            return running
+        be.send({"cmd": "run" if running else "pause", "id": i})
+        be.wait_json(f"be-ack-{i}.json", 60)
+        if running:
+            time.sleep(BE_RESUME_S)
+        return running
 
     def row(self, setup, rep, pname, rate, res, be, vdir):
         t0, t1 = res["t0"], res["t1"]
@@ -620,36 +652,36 @@ class Driver:
         return r
 
     # ---- the run ----
-    def budget_left(self, setup):
-        n = len(self.patterns) if setup.lc else 1
-        need = (max(self.startups) if self.startups else STARTUP_S) + SETTLE_S + TEARDOWN_S + n * WINDOW_OVERHEAD_S + MPS_TOGGLE_S
-        need += sum(window_s(self.a, r) for _, r in self.patterns) if setup.lc else self.a.window_s
+    def budget_left(self, group):
+        startup = max(self.startups) if self.startups else STARTUP_S
+        need = visit_estimate_s(self.a, group, self.patterns, startup) + MPS_TOGGLE_S
         return time.monotonic() - self.t_begin + need <= self.a.budget_s
 
     def rounds(self):
         for rep in range(self.a.reps):
             seeds = {p: random.Random(f"{self.a.seed}/{rep}/{p}").randrange(2**31) for p, _ in self.patterns}
-            groups = [[s for s in self.setups if s.mps == m] for m in (False, True)]
-            random.shuffle(groups)
-            for g in groups:
-                random.shuffle(g)
-            for setup in [s for g in groups for s in g]:
-                if setup.name in self.failed:
+            by_mode = [[g for g in visit_groups(self.setups) if g[0].mps == m] for m in (False, True)]
+            random.shuffle(by_mode)
+            for gs in by_mode:
+                random.shuffle(gs)
+            for group in [g for gs in by_mode for g in gs]:
+                names = " + ".join(g.name for g in group)
+                if any(g.name in self.failed for g in group):
                     continue
-                if not self.budget_left(setup):
-                    self.skipped.append(f"r{rep} {setup.name}")
-                    self.say(f"round {rep + 1}: {setup.name} skipped, the time budget (--budget-s {self.a.budget_s:g}) is spent")
+                if not self.budget_left(group):
+                    self.skipped.append(f"r{rep + 1} {names}")
+                    self.say(f"round {rep + 1}: {names} skipped, the time budget (--budget-s {self.a.budget_s:g}) is spent")
                     continue
-                self.set_mps(setup.mps)
-                self.say(f"round {rep + 1}/{self.a.reps}: {setup.name} ({setup.about}), "
-                         f"{time.monotonic() - self.t_begin:.0f} s into the run")
+                self.set_mps(group[0].mps)
+                self.say(f"round {rep + 1}/{self.a.reps}: {names}, {time.monotonic() - self.t_begin:.0f} s into the run")
                 try:
-                    self.visit(setup, rep, seeds)
+                    self.visit(group, rep, seeds)
                 except VisitError as e:
-                    self.failed[setup.name] = str(e)
                     self.say(f"  FAILED, not run again: {e}")
-                    self.rows.append({"rep": rep, "setup": setup.name, "pattern": "", "valid": 0,
-                                      "reject_reason": "error: " + str(e)})
+                    for g in group:
+                        self.failed[g.name] = str(e)
+                        self.rows.append({"rep": rep, "setup": g.name, "pattern": "", "valid": 0,
+                                          "reject_reason": "error: " + str(e)})
 
     def cleanup(self):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not stop the cleanup
@@ -868,12 +900,15 @@ def nvtaskset_knows_roles(nv):
 
 def check_gpu_python(d):
     """torch and transformers import, and CUDA is there (also warms the page cache)."""
-    code = ("import json, torch, transformers; print(json.dumps({'torch': torch.__version__, "
-            "'transformers': transformers.__version__, 'cuda': torch.cuda.is_available()}))")
+    code = ("import json, importlib.util, importlib.metadata as md, torch\n"
+            "if importlib.util.find_spec('transformers') is None: raise ImportError('no module named transformers')\n"
+            "try: v = md.version('transformers')\n"
+            "except md.PackageNotFoundError: v = '?'\n"
+            "print(json.dumps({'torch': torch.__version__, 'transformers': v, 'cuda': torch.cuda.is_available()}))")
     try:
         p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, env=d.env({}))
     except subprocess.TimeoutExpired:
-        raise SystemExit("lc_be_mix.py: importing torch and transformers took over 240 s")
+        raise SystemExit("lc_be_mix.py: importing torch took over 240 s")
     if p.returncode != 0:
         last = (p.stderr.strip().splitlines() or ["?"])[-1]
         raise SystemExit(f"lc_be_mix.py: {sys.executable} cannot import torch and transformers: {last}")
@@ -895,12 +930,34 @@ def uses_nvtaskset(a, setups):
     return any(a.nvtaskset in ((s.lc.prefix if s.lc else []) + (s.be.prefix if s.be else [])) for s in setups)
 
 
-def estimate_s(a, setups, patterns):
-    per_round = 0.0
+def visit_groups(setups):
+    """The setups that one visit's workers serve: each mix (LC and BE) with the baselines that
+    start the same way, in the same MPS mode (LC alone joins the mix with its LC launch, BE
+    paused meanwhile; BE alone joins the mix with its BE launch, LC idle). Worker start-up
+    (about 15 s: importing transformers' GPT-2 alone takes 9 s) so happens once per group."""
+    groups = [[s] for s in setups if s.lc and s.be]
     for s in setups:
-        n = len(patterns) if s.lc else 1
-        w = sum(window_s(a, r) for _, r in patterns) if s.lc else a.window_s
-        per_round += STARTUP_S + SETTLE_S + w + n * WINDOW_OVERHEAD_S + TEARDOWN_S
+        if s.lc and s.be:
+            continue
+        home = next((g for g in groups if g[0].lc and g[0].be and g[0].mps == s.mps
+                     and (s.lc == g[0].lc if s.lc else s.be == g[0].be)), None)
+        if home is not None:
+            home.append(s)
+        else:
+            groups.append([s])
+    return groups
+
+
+def visit_estimate_s(a, group, patterns, startup_s):
+    n, w = 0, 0.0
+    for s in group:
+        n += len(patterns) if s.lc else 1
+        w += sum(window_s(a, r) for _, r in patterns) if s.lc else a.window_s
+    return startup_s + SETTLE_S + w + n * WINDOW_OVERHEAD_S + TEARDOWN_S
+
+
+def estimate_s(a, setups, patterns):
+    per_round = sum(visit_estimate_s(a, g, patterns, STARTUP_S) for g in visit_groups(setups))
     modes = {s.mps for s in setups}
     return CHECK_S + a.reps * (per_round + MPS_TOGGLE_S * len(modes))
 
@@ -919,8 +976,10 @@ def print_plan(a, setups, patterns):
                 print(f"  {'':14s}   {role}: {show_cmd(launch, role.lower())}")
     print("patterns: " + ", ".join(f"{p} ({window_s(a, r):g}-s window)" for p, r in patterns)
           + f"; BE alone: one {a.window_s:g}-s window per round")
-    print(f"rounds: {a.reps}; each visits every setup once (MPS-off and MPS-on setups grouped, random order), one "
-          f"window per pattern (random order), the same Poisson arrivals for every setup of a round")
+    print("visits (one start of the workers each; LC alone runs with BE paused, BE alone with LC idle): "
+          + "; ".join(" + ".join(s.name for s in g) for g in visit_groups(setups)))
+    print(f"rounds: {a.reps}; each makes every visit once (MPS-off and MPS-on visits grouped, random order), the "
+          f"windows of a visit in a random order, the same Poisson arrivals for every setup of a round")
     print(f"estimated time: {estimate_s(a, setups, patterns) / 60:.1f} min (assuming {STARTUP_S} s to start a setup's "
           f"workers); the run stops starting setups once --budget-s {a.budget_s:g} would be passed")
 
@@ -930,7 +989,7 @@ def parse_args(argv):
     ap.add_argument("--out", default="lc_be_mix-out", help="directory for the CSV, JSON, summary and logs")
     ap.add_argument("--nvtaskset", default="build/bin/nvtaskset", help="the nvtaskset binary (default %(default)s)")
     ap.add_argument("--reps", type=int, help="rounds (default 3; --quick: 1)")
-    ap.add_argument("--window-s", type=float, help="open-loop and BE-alone window, s (default 5; --quick: 2)")
+    ap.add_argument("--window-s", type=float, help="open-loop and BE-alone window, s (default 4; --quick: 2)")
     ap.add_argument("--closed-s", type=float, help="closed-loop window, s (default 3; --quick: 1.5)")
     ap.add_argument("--rates", default="44,87", help="open-loop arrival rates, requests/s (default %(default)s)")
     ap.add_argument("--lc-tpcs", type=int, default=16, help="the LC reservation, -n (default %(default)s)")
@@ -946,7 +1005,7 @@ def parse_args(argv):
     ap.add_argument("--seed", type=int, default=None, help="order and arrivals (default: random, printed)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its estimated time; start nothing")
     a = ap.parse_args(argv)
-    for name, normal, quick in (("reps", 3, 1), ("window_s", 5.0, 2.0), ("closed_s", 3.0, 1.5)):
+    for name, normal, quick in (("reps", 3, 1), ("window_s", 4.0, 2.0), ("closed_s", 3.0, 1.5)):
         if getattr(a, name) is None:
             setattr(a, name, quick if a.quick else normal)
     try:
