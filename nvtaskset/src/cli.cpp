@@ -135,6 +135,9 @@ struct Sharing {
   bool spread = false;
   bool exclusive = false;
   bool verbose = false;
+  // --exclusive: live tasks whose kernels reach the driver around their
+  // shim, and why; they run on every TPC whatever their entries say.
+  std::map<pid_t, std::string> everywhere;
 };
 
 const char* form_name(SpecKind k) {
@@ -252,6 +255,13 @@ Partition build_partition(const Request& r, const topo::DeviceInfo& dev, Devices
                           std::vector<std::string>* warnings, const Sharing& sh) {
   Partition p;
   p.kind = r.kind;
+  for (const auto& [pid, why] : sh.everywhere)
+    for (const ctl::StatusEntry& e : sh.status)
+      if (e.pid == pid)
+        for (const DevicePartition& dp : e.partitions)
+          if (dp.partition.active() && (dp.device == dev.uuid || dp.device == kAnyDevice))
+            throw Failure("pid " + std::to_string(pid) + " runs on all TPCs of " + device_label(dev) + " (" + why +
+                          "); --exclusive cannot keep any to itself");
   const std::vector<Holder> others = holders_on(sh.status, dev, devices.known_topology(dev), sh.exclude);
   switch (r.kind) {
     case SpecKind::kTpcList:
@@ -438,6 +448,14 @@ Sharing sharing_for(const Options& o, std::set<pid_t> exclude) {
   sh.spread = o.spread;
   sh.exclusive = o.exclusive;
   sh.verbose = o.verbose;
+  // Read from each task's maps (task_driver.hpp): only for --exclusive,
+  // which must refuse them, and only where this user may read them.
+  if (o.exclusive)
+    for (const ctl::StatusEntry& e : sh.status)
+      if (!sh.exclude.count(e.pid))
+        if (const ctl::DriverUse u = ctl::task_driver_use(e.pid, std::nullopt);
+            u.state == ctl::DriverUse::State::kBypassed)
+          sh.everywhere[e.pid] = u.why;
   return sh;
 }
 

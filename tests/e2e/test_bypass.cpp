@@ -265,6 +265,13 @@ TEST_F(Bypass, ATaskThatReachesTheDriverWithoutTheShimIsShownUnpartitioned) {
     }
   }
   EXPECT_TRUE(ExitedWith(run({kCli, "-p", std::to_string(pc)}), 0));
+  // --exclusive cannot keep TPCs to itself next to a task that runs on all
+  // of them, whatever TPCs its entry names (6-7 are in no entry).
+  const Result x = run({kCli, "--no-mps", "--exclusive", "-t", "6-7", "true"});
+  EXPECT_TRUE(FailedWithOneLine(x)) << x;
+  EXPECT_NE(x.err.find(" runs on all TPCs of device 0 ("), npos) << x;
+  EXPECT_NE(x.err.find("--exclusive cannot keep any to itself"), npos) << x;
+  EXPECT_TRUE(ExitedWith(run({kCli, "--no-mps", "-t", "6-7", "true"}), 0)) << "without --exclusive it runs";
   // Another user cannot read the tasks' maps: the entries are shown as
   // published, and said to be unverified.
   if (const auto other = second_user()) {
