@@ -22,12 +22,10 @@
 #include <chrono>
 #include <filesystem>
 #include <functional>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <random>
 #include <set>
-#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -37,6 +35,8 @@
 #include "nvtaskset/driver_locate.hpp"
 #include "nvtaskset/exec_check.hpp"
 #include "nvtaskset/task_driver.hpp"
+#include "nvtaskset/trusted_file.hpp"
+#include "nvtaskset/proc.hpp"
 #include "nvtaskset/devices.hpp"
 #include "nvtaskset/idlist.hpp"
 #include "nvtaskset/log_level.hpp"
@@ -757,29 +757,15 @@ struct TaskPlan {
   std::vector<std::string> warnings;  // printed once every check passed
 };
 
-// The parent of a process, from /proc/<pid>/stat (field 4, after comm,
-// which may hold spaces and parentheses); 0 when it cannot be read.
-pid_t parent_of(const std::string& pid) {
-  std::ifstream f("/proc/" + pid + "/stat");
-  std::string line;
-  if (!std::getline(f, line)) return 0;
-  const auto close = line.rfind(')');
-  if (close == std::string::npos || close + 4 > line.size()) return 0;
-  std::istringstream rest(line.substr(close + 2));
-  std::string state;
-  long ppid = 0;
-  return rest >> state >> ppid ? static_cast<pid_t>(ppid) : 0;
-}
-
 // The descendants of `pid` (children, their children, ...) from /proc, in
 // the order found; those that end meanwhile simply drop out later.
 std::vector<pid_t> descendants(pid_t pid) {
   std::map<pid_t, std::vector<pid_t>> children;
   std::error_code ec;
   for (const auto& e : fs::directory_iterator("/proc", ec)) {
-    const std::string name = e.path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    if (const pid_t ppid = parent_of(name); ppid > 0) children[ppid].push_back(static_cast<pid_t>(std::stol(name)));
+    const std::optional<pid_t> child = ctl::parse_pid(e.path().filename().string());
+    if (!child) continue;
+    if (const pid_t ppid = ctl::parent_pid(*child); ppid > 0) children[ppid].push_back(*child);
   }
   std::vector<pid_t> out;
   std::vector<pid_t> todo{pid};
@@ -801,7 +787,7 @@ std::vector<pid_t> descendants(pid_t pid) {
 std::vector<pid_t> ancestors(pid_t pid) {
   std::vector<pid_t> out;
   for (int depth = 0; depth < 64; ++depth) {
-    pid = parent_of(std::to_string(pid));
+    pid = ctl::parent_pid(pid);
     if (pid <= 1) break;
     out.push_back(pid);
   }
