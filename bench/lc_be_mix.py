@@ -67,11 +67,15 @@ Launch = collections.namedtuple("Launch", "prefix env")
 Setup = collections.namedtuple("Setup", "name mps lc be about")
 
 BASE_GPU, BASE_RES, BASE_BE, ROLES = "lc-alone-gpu", "lc-alone-res", "be-alone", "roles"
+# A --best-effort task's launches in flight (nvtaskset's options.hpp: 1-1024, default 16); --be-depth
+# sets it for the roles setup's BE only.
+BE_DEPTH_ENV = "NVTASKSET_BE_DEPTH"
 
 
-def setup_table(nv, lc_n, be_n):
+def setup_table(nv, lc_n, be_n, be_depth=None):
     """THE table of setups."""
     plain = Launch([], {})
+    be_role_env = {BE_DEPTH_ENV: str(be_depth)} if be_depth is not None else {}
     lc_res = Launch([nv, "-n", str(lc_n), "--exclusive"], {})
     return [
         Setup(BASE_GPU, False, plain, None, "LC alone, a plain process on the whole GPU (baseline)"),
@@ -84,8 +88,10 @@ def setup_table(nv, lc_n, be_n):
         Setup("static", True, lc_res, Launch([nv, "-n", str(be_n), "--exclusive"], {}),
               f"nvtaskset -n {lc_n} --exclusive (LC) / -n {be_n} --exclusive (BE)"),
         # ---- HOOK, issue 22: the roles. Only with --with-roles (checked against nvtaskset --help). ----
-        Setup(ROLES, True, Launch([nv, "-n", str(lc_n), "--latency-critical"], {}), Launch([nv, "--best-effort"], {}),
-              f"nvtaskset -n {lc_n} --latency-critical (LC) / --best-effort (BE)"),
+        Setup(ROLES, True, Launch([nv, "-n", str(lc_n), "--latency-critical"], {}),
+              Launch([nv, "--best-effort"], be_role_env),
+              f"nvtaskset -n {lc_n} --latency-critical (LC) / --best-effort (BE)"
+              + (f", {BE_DEPTH_ENV}={be_depth}" if be_depth is not None else "")),
     ]
 
 
@@ -997,6 +1003,8 @@ def parse_args(argv):
     ap.add_argument("--setups", help="comma-separated subset of the setups (default: all)")
     ap.add_argument("--with-roles", action="store_true",
                     help="add the roles setup (nvtaskset --latency-critical / --best-effort, issue 22)")
+    ap.add_argument("--be-depth", type=int, default=None,
+                    help=f"{BE_DEPTH_ENV} (launches in flight, 1-1024) for the roles setup's BE only (default: unset)")
     ap.add_argument("--quick", action="store_true", help="a smoke of about 2 minutes: 1 round, 2-s windows")
     ap.add_argument("--budget-s", type=float, default=550, help="start no setup that would end after this (default %(default)s)")
     ap.add_argument("--ready-timeout", type=float, default=180, help="s a worker may take to build its model")
@@ -1022,8 +1030,10 @@ def parse_args(argv):
             ap.error(f"--{name.replace('_', '-')} must be positive")
     if a.window_s > 120 or a.closed_s > 120:
         ap.error("--window-s and --closed-s are at most 120 s")
+    if a.be_depth is not None and not 1 <= a.be_depth <= 1024:
+        ap.error("--be-depth takes 1..1024")
     a.nvtaskset = os.path.abspath(a.nvtaskset)
-    table = setup_table(a.nvtaskset, a.lc_tpcs, a.be_tpcs)
+    table = setup_table(a.nvtaskset, a.lc_tpcs, a.be_tpcs, a.be_depth)
     names = [s.name for s in table]
     if a.setups:
         want = [x.strip() for x in a.setups.split(",") if x.strip()]
@@ -1037,6 +1047,8 @@ def parse_args(argv):
         setups = [s for s in table if s.name != ROLES or a.with_roles]
     if a.with_roles and ROLES not in [s.name for s in setups]:
         setups.append(table[names.index(ROLES)])
+    if a.be_depth is not None and ROLES not in [s.name for s in setups]:
+        ap.error("--be-depth sets the roles setup's BE: it needs --with-roles")
     if a.seed is None:
         a.seed = random.randrange(10**6)
     return a, setups
@@ -1100,7 +1112,8 @@ def main(argv):
     report(d, summary)
     meta = {"argv": sys.argv, "gpu": gpu, "versions": versions_info, "seed": a.seed, "reps": a.reps,
             "window_s": a.window_s, "closed_s": a.closed_s, "rates": a.rates, "lc_tpcs": a.lc_tpcs,
-            "be_tpcs": a.be_tpcs, "nvtaskset": a.nvtaskset, "topology": topology, "power_source": d.sampler.source,
+            "be_tpcs": a.be_tpcs, "be_depth": a.be_depth, "be_depth_inherited": os.environ.get(BE_DEPTH_ENV),
+            "nvtaskset": a.nvtaskset, "topology": topology, "power_source": d.sampler.source,
             "elapsed_s": round(time.monotonic() - d.t_begin, 1),
             "setups": [{"name": s.name, "mps": s.mps, "about": s.about,
                         "lc": show_cmd(s.lc, "lc") if s.lc else None, "be": show_cmd(s.be, "be") if s.be else None}
