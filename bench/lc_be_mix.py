@@ -20,8 +20,9 @@ subcommand `_worker lc|be`) once, which build their model once (starting them co
 9 s of it importing transformers' GPT-2), and serves every window of a mix and of the baselines
 that start the same way: LC alone runs with the BE worker paused (its context idle, no work
 queued), BE alone with the LC worker idle. The windows of a visit (setup x pattern) run in a
-random order; every setup of a round gets the same Poisson arrivals. A window in which the BE
-task did not progress (fewer than 2 steps, or a stall) is rejected.
+random order; every setup of a round gets the same Poisson arrivals (the roles setup's windows
+each after 1 s with the LC idle: the roles' budgets carry over from one window to the next). A
+window in which the BE task did not progress (fewer than 2 steps, or a stall) is rejected.
 
 Prints, per setup and pattern: LC p50/p99/p99.9 (ms), median [min-max] over rounds; their ratios
 to LC alone on the whole GPU and to LC alone on its reservation at the same pattern; BE it/s and
@@ -109,6 +110,13 @@ TARGETS = {
 # uses the largest it saw.
 CHECK_S, STARTUP_S, SETTLE_S, TEARDOWN_S, WINDOW_OVERHEAD_S, MPS_TOGGLE_S = 8, 17, 0.5, 2, 0.4, 2
 BE_RESUME_S = 0.3  # after BE resumes, before a window starts
+# Before each window of the roles setup, the LC idles this long (BE running): the roles keep state
+# across windows (the LC's burst budget and the BE's hold budget, exponentially weighted shares of
+# time busy, time constant 200 ms; roles.hpp), so a window that follows the closed loop would
+# otherwise start with bursting stopped, and on its reservation the LC is busy enough at 44 or 87
+# req/s (6.6-8.7 ms a request, H100) that it might not resume within the window. 1 s: 5 time
+# constants.
+ROLES_IDLE_S = 1.0
 LC_WARMUP_REPLAYS = 10
 BE_WARMUP_STEPS = 3
 
@@ -606,6 +614,8 @@ class Driver:
             for i, (setup, pname, rate) in enumerate(windows):
                 if be:
                     be_running = self.set_be(be, bool(setup.be), be_running, i)
+                if setup.name == ROLES:
+                    time.sleep(ROLES_IDLE_S)
                 if setup.lc:
                     lc.send({"cmd": "window", "id": i, "rate": rate, "seconds": window_s(self.a, rate),
                              "seed": seeds[pname]})
@@ -959,6 +969,7 @@ def visit_estimate_s(a, group, patterns, startup_s):
     for s in group:
         n += len(patterns) if s.lc else 1
         w += sum(window_s(a, r) for _, r in patterns) if s.lc else a.window_s
+        w += ROLES_IDLE_S * len(patterns) if s.name == ROLES else 0
     return startup_s + SETTLE_S + w + n * WINDOW_OVERHEAD_S + TEARDOWN_S
 
 
