@@ -96,7 +96,7 @@ def parse_args(argv):
                    help="LC probing per DEPTH x KERNEL x arm x round, and alone per visit (default %(default)s)")
     r.add_argument("--gap-ms", default="20,60", help="LC idle gap before each probe, uniform LO,HI (default %(default)s)")
     r.add_argument("--be-depth", type=int, default=None,
-                   help=f"{BE_DEPTH_ENV} for the roles arm's BE (launches in flight; default: unset)")
+                   help=f"{BE_DEPTH_ENV} for the roles arm's BE (launches in flight, 1-1024; default: unset)")
     r.add_argument("--seed", type=int, default=None, help="orders and gaps (default: random, printed)")
     r.add_argument("--budget-s", type=float, default=290, help="start no visit that would end after this (default %(default)s)")
     p.add_argument("role", nargs="?", choices=["lc", "be", "lcprobe", "bectl"], help=argparse.SUPPRESS)
@@ -125,8 +125,8 @@ def parse_args(argv):
         p.error("--rounds takes 1..20")
     if not 0.5 <= a.window_s <= 120:
         p.error("--window-s takes 0.5..120")
-    if a.be_depth is not None and not 1 <= a.be_depth <= 65536:
-        p.error("--be-depth takes 1..65536")
+    if a.be_depth is not None and not 1 <= a.be_depth <= 1024:  # what options.hpp takes; else its default
+        p.error("--be-depth takes 1..1024")
     if not a.budget_s > 0:
         p.error("--budget-s must be positive")
     if a.seed is None:
