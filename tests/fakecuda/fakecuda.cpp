@@ -33,6 +33,9 @@
 //   FAKECUDA_INIT_LOG      file; each cuInit appends "init <comm>" (the
 //                          calling program's name), so tests can tell
 //                          whether the CLI itself initialised the driver
+//   FAKECUDA_HOLD          file; a kernel launched while it exists keeps
+//                          running until it is removed (see "Events and
+//                          held work" below)
 // CUDA_VISIBLE_DEVICES is read at the first cuInit, as the driver does
 // (CUDA C Programming Guide, "CUDA Environment Variables"): a comma-separated
 // list of device indices or full UUIDs selects and orders the devices the
@@ -60,6 +63,30 @@
 // otherwise, so tests prove the shim reports such execs instead of trusting them.
 // Cluster dimensions (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, on cuLaunchKernelEx
 // or a kernel node) are written into the TMD where the layout keeps them.
+// cuLaunchCooperativeKernel is cuLaunchKernel (recorded as "launch").
+//
+// Events and held work, as CUDA documents them (CUDA Driver API, "Event
+// Management"): an event completes when the work its stream held when it was
+// recorded has completed; one never recorded is complete; recording it again
+// replaces what it waits for. The stand-in runs kernels synchronously, so
+// without FAKECUDA_HOLD every event is complete once recorded. With
+// FAKECUDA_HOLD=<path>, tests keep work "on the GPU" without any timing: a
+// kernel launched (cuLaunchKernel, cuLaunchKernelEx, cuLaunchCooperativeKernel,
+// a kernel of cuGraphLaunch) while <path> exists keeps running until <path> is
+// removed. What is held is kept per process, not per stream: an event recorded
+// on any stream after such a launch, while <path> still exists, is incomplete
+// until <path> is gone (cuEventQuery answers CUDA_ERROR_NOT_READY;
+// cuEventSynchronize polls the file every millisecond, with no timeout), and
+// so are cuStreamQuery, cuStreamSynchronize and cuCtxSynchronize. An event
+// recorded while nothing is held is complete. The stand-in notices the
+// removal when it next looks at the file (a launch, record, query or wait);
+// what it has seen released stays released when <path> is created again,
+// which then holds only kernels launched afterwards. A test that creates the
+// file again should let the stand-in see it gone first (e.g. by a query).
+// Independently of FAKECUDA_HOLD, an event recorded on a stream stuck behind
+// a probe kernel that can never run (see "Kernels") never completes.
+// cuStreamIsCapturing always answers CU_STREAM_CAPTURE_STATUS_NONE: the
+// stand-in has no stream capture.
 //
 // Kernels: the stand-in runs exactly one, `nvtaskset --verify`'s block-SM
 // probe (topology/kernels/block_smid.cu), recognised by its entry name in the
@@ -103,6 +130,7 @@
 extern "C" {
 CUresult CUDAAPI cuGetProcAddress(const char* symbol, void** pfn, int cudaVersion, cuuint64_t flags);
 CUresult CUDAAPI cuDeviceGetUuid(CUuuid* uuid, CUdevice dev);
+CUresult CUDAAPI cuEventDestroy(CUevent hEvent);
 CUresult CUDAAPI cuGraphInstantiate(CUgraphExec* exec, CUgraph graph, CUgraphNode* err, char* log, size_t size);
 CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec* exec, CUgraph graph, CUgraphNode* err, char* log, size_t size);
 CUresult CUDAAPI cuGraphExecUpdate(CUgraphExec exec, CUgraph graph, CUgraphNode* err, CUgraphExecUpdateResult* res);
@@ -161,6 +189,7 @@ struct Config {
   Bits128 initial_mask;
   std::string record_path;
   std::vector<unsigned> tpc_bits;  // FAKECUDA_TPC_BITS: the mask bit of each logical TPC
+  std::string hold_path;           // FAKECUDA_HOLD
 };
 
 long parse_int(const char* name, const char* v, long lo, long hi) {
@@ -207,6 +236,7 @@ Config load_config() {
   if (!c.layout) fatal("bad value for FAKECUDA_TMD_LAYOUT (v1|v3|v4|v5|unknown)", want);
   if (const char* v = std::getenv("FAKECUDA_INITIAL_MASK")) c.initial_mask = parse_hex128("FAKECUDA_INITIAL_MASK", v);
   if (const char* v = std::getenv("FAKECUDA_RECORD")) c.record_path = v;
+  if (const char* v = std::getenv("FAKECUDA_HOLD")) c.hold_path = v;
   const unsigned tpcs = c.sm_count / 2;
   if (const char* v = std::getenv("FAKECUDA_TPC_BITS")) {
     std::string_view rest = v;
@@ -239,6 +269,10 @@ const Config& config() {
 }
 
 std::atomic<bool> g_initialized{false};
+
+CUresult check_init() {
+  return g_initialized.load(std::memory_order_acquire) ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
 
 // The physical device behind each ordinal (CUDA_VISIBLE_DEVICES), fixed
 // before g_initialized is set.
@@ -494,11 +528,54 @@ void run_tmd(const Tmd& t, const char* source) {
   record(spec.name, t.corrupted, valid, mask, source);
 }
 
+// --- held work (FAKECUDA_HOLD; see "Events and held work" at the top) ----------
+// Held launches are numbered 1, 2, ...: g_held_launches counts the launches
+// that found the hold file, and held launches 1..g_released are known to
+// have finished. Whoever reads the count and then finds the file gone may
+// advance g_released to what it read: those launches all found the file, so
+// its removal ended them, while a launch counted after that read stays held.
+// No lock: waiters poll the file, and never under a mutex.
+std::atomic<std::uint64_t> g_held_launches{0};
+std::atomic<std::uint64_t> g_released{0};
+
+bool hold_file_exists() {
+  const std::string& path = config().hold_path;
+  return !path.empty() && ::access(path.c_str(), F_OK) == 0;
+}
+
+// Whether held launches 1..target have all finished; looks at the file once.
+bool released(std::uint64_t target);
+
+// A kernel was launched: it keeps running while the hold file exists. A
+// launch that finds the file gone notices that the earlier ones finished.
+void note_launch() {
+  if (config().hold_path.empty()) return;
+  const std::uint64_t before = g_held_launches.load();
+  if (hold_file_exists()) g_held_launches.fetch_add(1);
+  else released(before);
+}
+
+bool released(std::uint64_t target) {
+  std::uint64_t r = g_released.load();
+  if (target <= r) return true;
+  if (hold_file_exists()) return false;
+  while (r < target && !g_released.compare_exchange_weak(r, target)) {
+  }
+  return true;
+}
+
+// Waits, polling the file every millisecond, until held launches 1..target
+// have finished.
+void wait_released(std::uint64_t target) {
+  while (!released(target)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
 CUresult launch(const Cluster& cl = {}) {
   if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
   Tmd t;
   build_tmd(t, cl);
   run_tmd(t, "launch");
+  note_launch();
   return CUDA_SUCCESS;
 }
 
@@ -539,6 +616,26 @@ FakeStream g_default_stream;
 FakeStream* stream_of(CUstream s) {
   if (s == nullptr || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return &g_default_stream;
   return reinterpret_cast<FakeStream*>(s);
+}
+
+// An event: what it waits for since it was last recorded (see "Events and
+// held work" at the top). Handles are checked against the live set, as
+// device pointers are against the allocations.
+struct FakeEvent {
+  std::uint64_t held = 0;  // held launches 1..held must finish; 0: none
+  bool stuck = false;      // recorded behind a kernel that never runs
+};
+std::mutex g_event_mutex;  // guards the live set and every event's fields
+std::set<FakeEvent*> g_live_events;
+
+// What `e` waits for, copied out under the lock (the wait itself is not):
+// false when `e` is not a live event.
+bool event_state(CUevent e, FakeEvent& out) {
+  std::lock_guard lock(g_event_mutex);
+  auto it = g_live_events.find(reinterpret_cast<FakeEvent*>(e));
+  if (it == g_live_events.end()) return false;
+  out = **it;
+  return true;
 }
 
 // Runs the probe kernel as the hardware would with TMD `t` (the callbacks
@@ -731,7 +828,8 @@ const void* lookup_proc(const char* symbol, int cuda_version) {
   else if (name == "cuDeviceGetUuid" && cuda_version >= 11040) name = "cuDeviceGetUuid_v2";
   else if (name == "cuDeviceTotalMem" || name == "cuDevicePrimaryCtxRelease" || name == "cuCtxPushCurrent" ||
            name == "cuCtxPopCurrent" || name == "cuMemAlloc" || name == "cuMemFree" || name == "cuMemAllocHost" ||
-           name == "cuMemcpyHtoDAsync" || name == "cuMemcpyDtoHAsync" || name == "cuStreamDestroy")
+           name == "cuMemcpyHtoDAsync" || name == "cuMemcpyDtoHAsync" || name == "cuStreamDestroy" ||
+           name == "cuEventDestroy")
     name += "_v2";
   std::size_t n = 0;
   const ProcEntry* t = proc_table(&n);
@@ -904,12 +1002,16 @@ CUresult CUDAAPI cuCtxGetDevice(CUdevice* device) {
   return CUDA_SUCCESS;
 }
 
+// Held work (FAKECUDA_HOLD) is waited for, on any stream.
 CUresult CUDAAPI cuCtxSynchronize(void) {
-  return g_initialized.load(std::memory_order_acquire) ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+  if (CUresult r = check_init()) return r;
+  wait_released(g_held_launches.load());
+  return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuStreamSynchronize(CUstream s) {
-  if (CUresult r = cuCtxSynchronize()) return r;
+  if (CUresult r = check_init()) return r;
+  wait_released(g_held_launches.load());
   // As on a GPU: a kernel that never runs is waited for forever.
   while (stream_of(s)->stuck.load()) std::this_thread::sleep_for(std::chrono::seconds(1));
   return CUDA_SUCCESS;
@@ -955,7 +1057,17 @@ CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, 
   Tmd t;
   build_tmd(t, {});
   run_tmd(t, "launch");
-  return run_probe(t, std::uint64_t{gx} * gy * gz, stream_of(s), params);
+  const CUresult r = run_probe(t, std::uint64_t{gx} * gy * gz, stream_of(s), params);
+  if (r == CUDA_SUCCESS) note_launch();
+  return r;
+}
+
+// The stand-in has no grid-wide synchronisation to model: a cooperative
+// launch is a launch.
+CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                           unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
+                                           CUstream s, void** params) {
+  return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shared, s, params, nullptr);
 }
 
 CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* cfg, CUfunction, void**, void**) {
@@ -1082,6 +1194,7 @@ CUresult CUDAAPI cuGraphLaunch(CUgraphExec e, CUstream s) {
     std::snprintf(source, sizeof source, "graph%u", k.grid[0]);
     run_tmd(k.tmd, source);
   }
+  note_launch();
   return CUDA_SUCCESS;
 }
 
@@ -1222,7 +1335,8 @@ CUresult CUDAAPI cuMemFreeHost(void* p) {
 }
 
 // Streams: work completes at once, except behind a probe kernel that can
-// never run (see run_probe), where it waits forever.
+// never run (see run_probe), where it waits forever, and while held work
+// exists (FAKECUDA_HOLD; see "Events and held work" at the top).
 CUresult CUDAAPI cuStreamCreate(CUstream* s, unsigned int) {
   if (!s) return CUDA_ERROR_INVALID_VALUE;
   if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
@@ -1235,8 +1349,68 @@ CUresult CUDAAPI cuStreamDestroy_v2(CUstream s) {
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI cuStreamQuery(CUstream s) {
-  if (CUresult r = cuCtxSynchronize()) return r;
+  if (CUresult r = check_init()) return r;
+  if (!released(g_held_launches.load())) return CUDA_ERROR_NOT_READY;  // held work, on any stream
   return stream_of(s)->stuck.load() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuStreamIsCapturing(CUstream, CUstreamCaptureStatus* status) {
+  if (!status) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = check_init()) return r;
+  *status = CU_STREAM_CAPTURE_STATUS_NONE;  // the stand-in has no stream capture
+  return CUDA_SUCCESS;
+}
+
+// Events (see "Events and held work" at the top).
+CUresult CUDAAPI cuEventCreate(CUevent* e, unsigned int flags) {
+  if (!e) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = check_init()) return r;
+  // CU_EVENT_DEFAULT | BLOCKING_SYNC | DISABLE_TIMING | INTERPROCESS (4),
+  // which CUDA accepts only with DISABLE_TIMING.
+  if ((flags & ~7u) || ((flags & 4u) && !(flags & CU_EVENT_DISABLE_TIMING))) return CUDA_ERROR_INVALID_VALUE;
+  auto* ev = new FakeEvent;
+  {
+    std::lock_guard lock(g_event_mutex);
+    g_live_events.insert(ev);
+  }
+  *e = reinterpret_cast<CUevent>(ev);
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuEventDestroy_v2(CUevent e) {
+  if (CUresult r = check_init()) return r;
+  std::lock_guard lock(g_event_mutex);
+  if (!g_live_events.erase(reinterpret_cast<FakeEvent*>(e))) return CUDA_ERROR_INVALID_HANDLE;
+  delete reinterpret_cast<FakeEvent*>(e);  // a waiter holds a copy, never the event
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuEventDestroy(CUevent e) { return cuEventDestroy_v2(e); }
+// The event waits for what the process has launched while held, and, behind
+// a kernel that never runs, forever.
+CUresult CUDAAPI cuEventRecord(CUevent e, CUstream s) {
+  if (CUresult r = check_init()) return r;
+  std::uint64_t held = g_held_launches.load();
+  if (released(held)) held = 0;  // nothing held now: complete at once
+  const bool stuck = stream_of(s)->stuck.load();
+  std::lock_guard lock(g_event_mutex);
+  auto it = g_live_events.find(reinterpret_cast<FakeEvent*>(e));
+  if (it == g_live_events.end()) return CUDA_ERROR_INVALID_HANDLE;
+  (*it)->held = held;  // replaces what it waited for
+  (*it)->stuck = stuck;
+  return CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuEventQuery(CUevent e) {
+  if (CUresult r = check_init()) return r;
+  FakeEvent state;
+  if (!event_state(e, state)) return CUDA_ERROR_INVALID_HANDLE;
+  return state.stuck || !released(state.held) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuEventSynchronize(CUevent e) {
+  if (CUresult r = check_init()) return r;
+  FakeEvent state;
+  if (!event_state(e, state)) return CUDA_ERROR_INVALID_HANDLE;
+  wait_released(state.held);
+  // As cuStreamSynchronize: a kernel that never runs is waited for forever.
+  while (state.stuck) std::this_thread::sleep_for(std::chrono::seconds(1));
+  return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t,
@@ -1301,6 +1475,16 @@ const ProcEntry kProcs[] = {
     FAKECUDA_PROC(cuStreamCreate),
     FAKECUDA_PROC(cuStreamDestroy_v2),
     FAKECUDA_PROC(cuStreamQuery),
+    FAKECUDA_PROC(cuStreamIsCapturing),
+    {"cuStreamIsCapturing_ptsz", reinterpret_cast<const void*>(&cuStreamIsCapturing)},
+    FAKECUDA_PROC(cuEventCreate),
+    FAKECUDA_PROC(cuEventDestroy_v2),
+    FAKECUDA_PROC(cuEventRecord),
+    {"cuEventRecord_ptsz", reinterpret_cast<const void*>(&cuEventRecord)},
+    FAKECUDA_PROC(cuEventQuery),
+    FAKECUDA_PROC(cuEventSynchronize),
+    FAKECUDA_PROC(cuLaunchCooperativeKernel),
+    {"cuLaunchCooperativeKernel_ptsz", reinterpret_cast<const void*>(&cuLaunchCooperativeKernel)},
     FAKECUDA_PROC(cuGetProcAddress),
     FAKECUDA_PROC(cuGetProcAddress_v2),
     FAKECUDA_PROC(cuGraphCreate),
