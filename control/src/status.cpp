@@ -50,18 +50,6 @@ std::string random_hex() {
   return buf;
 }
 
-// The directory is usable when no other user can remove or replace our
-// files there: owned by root or us, and sticky if others may write to it.
-std::string check_dir(const std::string& dir) {
-  struct stat st {};
-  if (::lstat(dir.c_str(), &st) != 0) return dir + ": " + std::strerror(errno);
-  if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
-  if (st.st_uid != 0 && st.st_uid != ::geteuid()) return dir + " belongs to another user";
-  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (st.st_mode & S_ISVTX) == 0)
-    return dir + " is writable by others and not sticky";
-  return "";
-}
-
 // The user a live process runs as: the owner of /proc/<pid>.
 std::optional<uid_t> process_uid(pid_t pid) {
   struct stat st {};
@@ -103,6 +91,7 @@ struct Parsed {
   pid_t pid = 0;
   std::uint64_t start = 0;
   std::vector<DevicePartition> partitions;
+  roles::Role role = roles::Role::kNone;
 };
 
 std::optional<Parsed> parse(const std::string& text) {
@@ -128,6 +117,10 @@ std::optional<Parsed> parse(const std::string& text) {
       } else if (key == "partitions") {
         p.partitions = decode_partitions(value);
         have_parts = true;
+      } else if (key == "role") {
+        const auto r = roles::parse_role(value);
+        if (!r) return std::nullopt;
+        p.role = *r;
       }
     } catch (const std::exception&) {
       return std::nullopt;
@@ -151,19 +144,32 @@ bool may_remove(const struct stat& st) { return ::geteuid() == 0 || st.st_uid ==
 
 }  // namespace
 
+// The directory is usable when no other user can remove or replace our
+// files there: owned by root or us, and sticky if others may write to it.
+std::string check_shared_dir(const std::string& dir) {
+  struct stat st {};
+  if (::lstat(dir.c_str(), &st) != 0) return dir + ": " + std::strerror(errno);
+  if (!S_ISDIR(st.st_mode)) return dir + " is not a directory";
+  if (st.st_uid != 0 && st.st_uid != ::geteuid()) return dir + " belongs to another user";
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (st.st_mode & S_ISVTX) == 0)
+    return dir + " is writable by others and not sticky";
+  return "";
+}
+
 std::string status_dir() {
   if (const char* d = option_value(Option::kStatusDir)) return d;
   return "/dev/shm";
 }
 
-std::string publish_status(pid_t pid, const std::vector<DevicePartition>& partitions) {
+std::string publish_status(pid_t pid, const std::vector<DevicePartition>& partitions, roles::Role role) {
   const std::string dir = status_dir();
-  if (std::string why = check_dir(dir); !why.empty()) return why;
+  if (std::string why = check_shared_dir(dir); !why.empty()) return why;
   const std::uint64_t start = process_start_time(pid);
   const auto uid = process_uid(pid);
   if (start == 0 || !uid) return "pid " + std::to_string(pid) + " is gone";
   std::string text = std::string(kFormat) + "\npid " + std::to_string(pid) + "\nstart " + std::to_string(start) +
                      "\npartitions " + encode_partitions(partitions) + "\n";
+  if (role != roles::Role::kNone) text += std::string("role ") + roles::role_name(role) + "\n";
   const std::string base = dir + "/" + kPrefix + std::to_string(pid) + ".";
   // Named for the writer (a `-p` writer is not the task): if it dies before
   // the rename, readers clean the file up once it is gone.
@@ -259,7 +265,7 @@ std::vector<StatusEntry> read_status() {
                        (st.st_mtim.tv_sec == it->second.tv_sec && st.st_mtim.tv_nsec > it->second.tv_nsec);
     if (!newer) continue;
     newest[f.pid] = st.st_mtim;
-    by_pid[f.pid] = {f.pid, p->start, *uid, p->partitions};
+    by_pid[f.pid] = {f.pid, p->start, *uid, p->partitions, p->role};
   }
   std::vector<StatusEntry> out;
   for (auto& [pid, e] : by_pid) out.push_back(std::move(e));

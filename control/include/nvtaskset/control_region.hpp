@@ -31,8 +31,8 @@ namespace nvtaskset::ctl {
 
 inline constexpr std::uint32_t kMagic = 0x5354564eu;  // "NVTS"
 // 2: cluster limits and the widened set in each buffer, the partition epoch,
-// graph and cluster counters in the header.
-inline constexpr std::uint32_t kVersion = 2;
+// graph and cluster counters in the header. 3: the role words.
+inline constexpr std::uint32_t kVersion = 3;
 inline constexpr unsigned kMaxDevices = 8;
 // Cluster sizes counted per size: 1..16 (16 is the largest any GPU runs);
 // index 0 counts launches without clusters.
@@ -109,6 +109,21 @@ struct Header {
   // Launches that ran on all TPCs although a partition was set (no good
   // partition was ever read, or NVTASKSET_ON_UNSUPPORTED=warn).
   std::atomic<std::uint64_t> kernels_unmasked;
+  // Roles (roles.hpp), written by the shim of a task that has one, read by
+  // --status. role: roles::Role. role_state: for a best-effort task, what
+  // its last launch did: 0 ran on its whole partition, 1 waited for a
+  // latency-critical task, 2 ran on its floor. The counters: launches that
+  // waited, the time they waited (ns), launches on the floor, launches that
+  // waited for the task's own queue (NVTASKSET_BE_DEPTH); and launches that
+  // should have run on the floor but ran on the whole partition (a kernel
+  // with clusters the floor may not host, or an empty floor).
+  std::atomic<std::uint32_t> role;
+  std::atomic<std::uint32_t> role_state;
+  std::atomic<std::uint64_t> launches_held;
+  std::atomic<std::uint64_t> held_ns;
+  std::atomic<std::uint64_t> launches_on_floor;
+  std::atomic<std::uint64_t> queue_waits;
+  std::atomic<std::uint64_t> floor_skipped;
   DeviceEntry devices[kMaxDevices];
 };
 

@@ -29,15 +29,19 @@ enum class Option : unsigned {
   kSmCount,          // NVTASKSET_SM_COUNT
   kClaimDelayMs,     // NVTASKSET_CLAIM_DELAY_MS (tests)
   kTestDieAt,        // NVTASKSET_TEST_DIE_AT (tests)
+  kRole,             // NVTASKSET_ROLE (CLI -> task)
+  kBurstPool,        // NVTASKSET_BURST_POOL (CLI -> task)
+  kBeDepth,          // NVTASKSET_BE_DEPTH
+  kTestBurstMs,      // NVTASKSET_TEST_BURST_MS (tests)
 };
 
-enum class OptionKind { kChoice, kPath, kInternal };
+enum class OptionKind { kChoice, kPath, kInternal, kNumber };
 
 struct OptionDesc {
   Option id;
   const char* name;
   OptionKind kind;
-  const char* choices;  // kChoice: '|'-separated, the default first; else ""
+  const char* choices;  // kChoice: '|'-separated, the default first; kNumber: "MIN-MAX, default D"; else ""
   bool for_users;       // documented in --help and nvtaskset(1)
   const char* help;
 };
@@ -77,6 +81,16 @@ inline constexpr OptionDesc kOptions[] = {
     {Option::kTestDieAt, "NVTASKSET_TEST_DIE_AT", OptionKind::kInternal, "", false,
      "FOR TESTS ONLY: a `-p` change kills itself (SIGKILL) at this step (locked, claimed, written, published), as "
      "a user or the OOM killer could, so tests can check what every step leaves behind"},
+    {Option::kRole, "NVTASKSET_ROLE", OptionKind::kInternal, "", false,
+     "set by nvtaskset --latency-critical or --best-effort for the task (roles.hpp)"},
+    {Option::kBurstPool, "NVTASKSET_BURST_POOL", OptionKind::kInternal, "", false,
+     "set by nvtaskset --latency-critical: every working TPC of each GPU, which the task may burst onto"},
+    {Option::kBeDepth, "NVTASKSET_BE_DEPTH", OptionKind::kNumber, "1-1024, default 16", true,
+     "a --best-effort task keeps at most this many launches queued on the GPU, so that it gives the GPU back "
+     "to a latency-critical task within that many kernels"},
+    {Option::kTestBurstMs, "NVTASKSET_TEST_BURST_MS", OptionKind::kInternal, "", false,
+     "FOR TESTS ONLY: a latency-critical task bursts for up to this many ms in a row whatever its share of time "
+     "busy, and a best-effort task holds for it as long, so that tests can observe a burst without timing"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }
@@ -132,5 +146,24 @@ constexpr ChoiceValue parse_choice(const OptionDesc& d, const char* value) noexc
 }
 
 inline ChoiceValue choice(Option o) noexcept { return parse_choice(option(o), option_value(o)); }
+
+// A number option: its value when it is a decimal number within
+// [lo, hi], else `def`; `bad` is set for a value that is not (the caller
+// says so once).
+struct NumberValue {
+  unsigned long value = 0;
+  bool bad = false;
+};
+inline NumberValue number(Option o, unsigned long lo, unsigned long hi, unsigned long def) noexcept {
+  NumberValue n{def, false};
+  const char* v = option_value(o);
+  if (v == nullptr) return n;
+  unsigned long x = 0;
+  const char* p = v;
+  for (; *p >= '0' && *p <= '9' && x <= hi; ++p) x = x * 10 + static_cast<unsigned long>(*p - '0');
+  if (p == v || *p != '\0' || x < lo || x > hi) n.bad = true;
+  else n.value = x;
+  return n;
+}
 
 }  // namespace nvtaskset

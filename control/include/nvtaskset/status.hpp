@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "nvtaskset/partition.hpp"
+#include "nvtaskset/roles.hpp"
 
 namespace nvtaskset::ctl {
 
@@ -34,15 +35,23 @@ struct StatusEntry {
   std::uint64_t start_time = 0;
   uid_t uid = 0;  // the task's user
   std::vector<DevicePartition> partitions;
+  // --latency-critical / --best-effort (roles.hpp); a latency-critical
+  // task's partitions are its reservation.
+  roles::Role role = roles::Role::kNone;
 };
 
 // Where entries live: NVTASKSET_STATUS_DIR (tests) or /dev/shm.
 std::string status_dir();
 
+// "" when no other user can remove or replace our files in `dir`: it is
+// owned by root or us, and sticky if others may write to it. Else why not.
+std::string check_shared_dir(const std::string& dir);
+
 // Publishes (or replaces) the entry of `pid`, which the caller must own or
 // be root for. Returns "" or why it could not (one line; the partition
 // itself is not affected).
-std::string publish_status(pid_t pid, const std::vector<DevicePartition>& partitions);
+std::string publish_status(pid_t pid, const std::vector<DevicePartition>& partitions,
+                           roles::Role role = roles::Role::kNone);
 
 // Removes the entries of `pid` the caller may remove.
 void withdraw_status(pid_t pid);

@@ -63,6 +63,7 @@ typedef struct CUstream_st* CUstream;
 typedef struct CUgraph_st* CUgraph;
 typedef struct CUgraphNode_st* CUgraphNode;
 typedef struct CUgraphExec_st* CUgraphExec;
+typedef struct CUevent_st* CUevent;
 
 typedef struct CUuuid_st {
   char bytes[16];
@@ -136,6 +137,18 @@ typedef enum CUlibraryOption_enum {
 typedef enum CUstream_flags_enum {
   CU_STREAM_NON_BLOCKING = 1,
 } CUstream_flags;
+
+typedef enum CUevent_flags_enum {
+  CU_EVENT_DEFAULT = 0,
+  CU_EVENT_BLOCKING_SYNC = 1,
+  CU_EVENT_DISABLE_TIMING = 2,
+} CUevent_flags;
+
+typedef enum CUstreamCaptureStatus_enum {
+  CU_STREAM_CAPTURE_STATUS_NONE = 0,
+  CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+  CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2,
+} CUstreamCaptureStatus;
 
 typedef enum CUdriverProcAddress_flags_enum {
   CU_GET_PROC_ADDRESS_DEFAULT = 0,
@@ -296,12 +309,24 @@ CUresult CUDAAPI cuStreamCreate(CUstream* phStream, unsigned int Flags);
 CUresult CUDAAPI cuStreamDestroy_v2(CUstream hStream);
 CUresult CUDAAPI cuStreamQuery(CUstream hStream);
 CUresult CUDAAPI cuStreamSynchronize(CUstream hStream);
+CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus* captureStatus);
+
+// Events.
+CUresult CUDAAPI cuEventCreate(CUevent* phEvent, unsigned int Flags);
+CUresult CUDAAPI cuEventDestroy_v2(CUevent hEvent);
+CUresult CUDAAPI cuEventRecord(CUevent hEvent, CUstream hStream);
+CUresult CUDAAPI cuEventQuery(CUevent hEvent);
+CUresult CUDAAPI cuEventSynchronize(CUevent hEvent);
 
 // Launches.
 CUresult CUDAAPI cuLaunchKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY, unsigned int gridDimZ,
                                 unsigned int blockDimX, unsigned int blockDimY, unsigned int blockDimZ,
                                 unsigned int sharedMemBytes, CUstream hStream, void** kernelParams, void** extra);
 CUresult CUDAAPI cuLaunchKernelEx(const CUlaunchConfig* config, CUfunction f, void** kernelParams, void** extra);
+CUresult CUDAAPI cuLaunchCooperativeKernel(CUfunction f, unsigned int gridDimX, unsigned int gridDimY,
+                                           unsigned int gridDimZ, unsigned int blockDimX, unsigned int blockDimY,
+                                           unsigned int blockDimZ, unsigned int sharedMemBytes, CUstream hStream,
+                                           void** kernelParams);
 
 // Graphs.
 CUresult CUDAAPI cuGraphCreate(CUgraph* phGraph, unsigned int flags);

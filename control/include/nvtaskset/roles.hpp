@@ -1,0 +1,217 @@
+// SPDX-License-Identifier: Apache-2.0
+// Latency-critical and best-effort roles (docs/design.md, "Roles").
+//
+// A latency-critical (LC) task holds a reservation of TPCs no other
+// partition takes, and bursts onto the rest of the GPU while it has work. A
+// best-effort (BE) task runs on everything while every LC task is idle, and
+// gets out of an LC task's way while it is busy: its shim holds new launches
+// back (the burst), or launches them only on its floor (its partition minus
+// every LC reservation) when the LC task has used up its burst. The SMs are
+// not all an LC task needs: next to a shrunk neighbour its kernels still ran
+// 1.4x slower on an H100 (DRAM and L2 are shared; docs/hardware.md), so while
+// it bursts the BE task launches nothing at all. A mask reaches a kernel only
+// at its launch (docs/hardware.md), so a BE task also keeps few kernels
+// queued at any time: its queue is what an LC request waits behind.
+//
+// How the tasks meet: each LC task's shim publishes a beacon, a small
+// shared-memory file in the status directory (status.hpp), world-readable,
+// writable by its user only, trusted by readers as status entries are
+// (owner, live process, start time). Its controller thread (in the LC
+// task's shim: it owns the signal, its own kernels' completions, and dies
+// with it) marks the task busy from its first launch until its last launch
+// completes, and decides whether it may burst. BE shims map beacons
+// read-only and decide per launch, in the intercepted API call, never in the
+// launch callback.
+//
+// Everything here but the file handling is pure, so that the policy can be
+// tested against recorded traces without a clock.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "nvtaskset/partition.hpp"
+
+namespace nvtaskset::roles {
+
+enum class Role : std::uint32_t { kNone = 0, kLatencyCritical = 1, kBestEffort = 2 };
+
+// "latency-critical", "best-effort" or "none": the names of the CLI options
+// and of "role" in `--status --json`.
+const char* role_name(Role r) noexcept;
+std::optional<Role> parse_role(std::string_view s) noexcept;
+
+// ---- the beacon --------------------------------------------------------------------
+
+inline constexpr std::uint32_t kBeaconMagic = 0x4e42564eu;  // "NVBN"
+inline constexpr std::uint32_t kBeaconVersion = 1;
+inline constexpr unsigned kBeaconDevices = 8;
+
+// One GPU of an LC task: its reservation and what it bursts onto, as
+// physical enable bits, seqlocked (odd while written).
+struct BeaconDevice {
+  std::atomic<std::uint64_t> seq;
+  std::atomic<std::uint32_t> in_use;
+  std::uint32_t pad;
+  std::uint8_t uuid[16];
+  std::atomic<std::uint64_t> reserved[2];
+  std::atomic<std::uint64_t> burst[2];
+};
+
+// What a burst is, in the controller's words.
+enum class LcState : std::uint32_t { kIdle = 0, kBursting = 1, kSaturated = 2 };
+
+struct Beacon {
+  std::atomic<std::uint32_t> magic;  // stored last
+  std::uint32_t version;
+  std::uint32_t size;
+  std::int32_t pid;
+  std::uint64_t start_time;  // /proc/<pid>/stat field 22
+  std::uint32_t uid;
+  std::uint32_t pad;
+  // Launches the LC task made, and the highest of them known complete: the
+  // task is busy while they differ.
+  std::atomic<std::uint64_t> launches;
+  std::atomic<std::uint64_t> completed;
+  // CLOCK_MONOTONIC (ns) of the controller's last pass: a beacon whose
+  // controller stopped (the task is stopped or hangs) is stale.
+  std::atomic<std::uint64_t> heartbeat_ns;
+  // 1 while a busy LC task may burst (BE tasks hold their launches); 0 when
+  // it used up its burst (BE tasks launch on their floor).
+  std::atomic<std::uint32_t> may_burst;
+  std::atomic<std::uint32_t> state;  // LcState, for --status
+  // The controller's record, for --status: busy periods, the time busy, the
+  // periods it had to stop bursting.
+  std::atomic<std::uint64_t> busy_periods;
+  std::atomic<std::uint64_t> busy_ns;
+  std::atomic<std::uint64_t> saturations;
+  BeaconDevice devices[kBeaconDevices];
+};
+
+// Beacons are this big (one page), whatever sizeof(Beacon) is.
+inline constexpr std::size_t kBeaconBytes = 4096;
+static_assert(sizeof(Beacon) <= kBeaconBytes);
+
+// The LC task's own beacon (read-write mapping), created in status_dir() as
+// "nvtaskset-beacon.<pid>.<16 hex>", mode 0644; removed with the object.
+class BeaconFile {
+ public:
+  // Throws ctl::Error with one line.
+  static std::unique_ptr<BeaconFile> create();
+  ~BeaconFile();
+  BeaconFile(const BeaconFile&) = delete;
+  BeaconFile& operator=(const BeaconFile&) = delete;
+  Beacon& beacon() noexcept { return *b_; }
+  const std::string& path() const noexcept { return path_; }
+  // After fork: the child must not remove its parent's file (its own is made anew).
+  void forget() noexcept { path_.clear(); }
+
+ private:
+  BeaconFile(std::string path, Beacon* b) : path_(std::move(path)), b_(b) {}
+  std::string path_;
+  Beacon* b_;
+};
+
+// Writes one device's reservation and burst set (seqlocked).
+void set_device(Beacon& b, unsigned slot, const DeviceUuid& uuid, const Bits128& reserved, const Bits128& burst);
+
+struct DeviceView {
+  DeviceUuid uuid{};
+  Bits128 reserved, burst;
+};
+// A consistent copy of every device in use; false when none could be had.
+bool read_devices(const Beacon& b, std::vector<DeviceView>& out);
+// The reservation on `uuid` (nothing when the beacon has none there).
+// Lock-free and allocation-free, with a bounded number of tries.
+Bits128 reserved_on(const Beacon& b, const std::uint8_t (&uuid)[16]) noexcept;
+
+// A live LC task's beacon, mapped read-only (the mapping is never unmapped:
+// launching threads may still read it; one page per LC task ever seen).
+struct Peer {
+  pid_t pid = 0;
+  std::uint64_t start_time = 0;
+  uid_t uid = 0;
+  const Beacon* beacon = nullptr;
+};
+// Every trusted beacon of a live task other than `self`: a regular file of
+// exactly kBeaconBytes, owned by the task's user (or root), writable by its
+// owner only, whose header names that task and its start time. Beacons of
+// ended tasks are removed where the caller may. `known` are mappings kept
+// from an earlier scan: reused, not mapped again.
+std::vector<Peer> scan_beacons(pid_t self, const std::vector<Peer>& known);
+// Whether the task a beacon names is still the one that wrote it.
+bool peer_alive(const Peer& p);
+
+// ---- the policy (pure) ---------------------------------------------------------------
+
+// What the controller may burst: an exponentially weighted share of time
+// busy (time constant kBudgetTauNs), and the length of the current busy
+// period. Bursting stops when the share passes kBurstStop or one busy period
+// lasts kMaxBurstNs, and starts again once the share is below kBurstResume
+// and the task was idle. A task that keeps the GPU busy (a closed loop)
+// then runs on its reservation next to BE tasks on their floors, instead of
+// starving them.
+struct BudgetParams {
+  std::uint64_t tau_ns = 200'000'000;
+  double stop_share = 0.5;
+  double resume_share = 0.35;
+  std::uint64_t max_burst_ns = 100'000'000;
+};
+
+class BurstBudget {
+ public:
+  explicit BurstBudget(BudgetParams p = {}) : p_(p) {}
+  // Time `now` (ns, monotonic), the task busy or not since the last call.
+  void advance(std::uint64_t now, bool busy) noexcept;
+  bool may_burst() const noexcept { return allowed_; }
+  double share() const noexcept { return share_; }
+  std::uint64_t saturations() const noexcept { return saturations_; }
+
+ private:
+  BudgetParams p_;
+  std::uint64_t last_ = 0;
+  std::uint64_t busy_since_ = 0;  // 0: idle
+  double share_ = 0;
+  bool allowed_ = true;
+  bool started_ = false;
+  std::uint64_t saturations_ = 0;
+};
+
+// One LC task as a BE task sees it at one moment.
+struct LcSnapshot {
+  std::uint64_t launches = 0, completed = 0, heartbeat_ns = 0;
+  bool may_burst = false;
+};
+LcSnapshot snapshot(const Beacon& b) noexcept;
+
+// A controller that has not passed for this long is stale: its task is
+// stopped or hangs, and BE tasks keep off its reservation without holding
+// for it.
+inline constexpr std::uint64_t kStaleNs = 250'000'000;
+
+enum class BeAction {
+  kRun,    // every LC task idle: launch on the whole partition (borrowing)
+  kHold,   // an LC task bursts: launch nothing yet
+  kFloor,  // an LC task is busy but does not burst (or is stale): launch on the floor
+};
+BeAction be_action(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noexcept;
+
+// A BE task holds for an LC task for at most this long in a row, and at
+// most half of its time (a BurstBudget of its own): an LC task that claims
+// to burst for ever, by fault or by design, cannot stop it.
+inline constexpr BudgetParams kHoldBudget{200'000'000, 0.5, 0.35, 100'000'000};
+
+// The floor of a BE partition: what is left of it without the LC
+// reservations on its GPU. Empty when nothing is.
+inline Bits128 floor_of(const Bits128& enabled, const Bits128& reserved) noexcept {
+  return Bits128{enabled.lo & ~reserved.lo, enabled.hi & ~reserved.hi};
+}
+
+}  // namespace nvtaskset::roles

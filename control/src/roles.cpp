@@ -1,0 +1,284 @@
+// SPDX-License-Identifier: Apache-2.0
+// Roles: beacons and the policy (roles.hpp).
+#include "nvtaskset/roles.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "nvtaskset/control_region.hpp"
+#include "nvtaskset/proc.hpp"
+#include "nvtaskset/status.hpp"
+#include "nvtaskset/trusted_file.hpp"
+
+namespace nvtaskset::roles {
+
+const char* role_name(Role r) noexcept {
+  switch (r) {
+    case Role::kLatencyCritical: return "latency-critical";
+    case Role::kBestEffort: return "best-effort";
+    case Role::kNone: break;
+  }
+  return "none";
+}
+
+std::optional<Role> parse_role(std::string_view s) noexcept {
+  if (s == "latency-critical") return Role::kLatencyCritical;
+  if (s == "best-effort") return Role::kBestEffort;
+  if (s == "none" || s.empty()) return Role::kNone;
+  return std::nullopt;
+}
+
+namespace {
+
+constexpr const char* kPrefix = "nvtaskset-beacon.";
+
+std::string random_hex() {
+  std::uint64_t r = 0;
+  if (::getrandom(&r, sizeof r, 0) != static_cast<ssize_t>(sizeof r))
+    r = (static_cast<std::uint64_t>(::getpid()) << 32) ^ reinterpret_cast<std::uintptr_t>(&r);
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(r));
+  return buf;
+}
+
+}  // namespace
+
+std::unique_ptr<BeaconFile> BeaconFile::create() {
+  const std::string dir = ctl::status_dir();
+  if (std::string why = ctl::check_shared_dir(dir); !why.empty()) throw ctl::Error(why);
+  const std::string path = dir + "/" + kPrefix + std::to_string(::getpid()) + "." + random_hex();
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+  if (fd < 0) throw ctl::Error(path + ": " + std::strerror(errno));
+  if (::fchmod(fd, 0644) != 0 || ::ftruncate(fd, static_cast<off_t>(kBeaconBytes)) != 0) {
+    const int e = errno;
+    ::close(fd);
+    ::unlink(path.c_str());
+    throw ctl::Error(path + ": " + std::strerror(e));
+  }
+  void* m = ::mmap(nullptr, kBeaconBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int e = errno;
+  ::close(fd);
+  if (m == MAP_FAILED) {
+    ::unlink(path.c_str());
+    throw ctl::Error(path + ": " + std::strerror(e));
+  }
+  auto* b = static_cast<Beacon*>(m);
+  b->version = kBeaconVersion;
+  b->size = static_cast<std::uint32_t>(sizeof(Beacon));
+  b->pid = ::getpid();
+  b->start_time = ctl::process_start_time(::getpid());
+  b->uid = ::geteuid();
+  b->magic.store(kBeaconMagic, std::memory_order_release);
+  return std::unique_ptr<BeaconFile>(new BeaconFile(path, b));
+}
+
+BeaconFile::~BeaconFile() {
+  if (!path_.empty()) ::unlink(path_.c_str());
+  ::munmap(static_cast<void*>(b_), kBeaconBytes);
+}
+
+void set_device(Beacon& b, unsigned slot, const DeviceUuid& uuid, const Bits128& reserved, const Bits128& burst) {
+  if (slot >= kBeaconDevices) return;
+  BeaconDevice& d = b.devices[slot];
+  const std::uint64_t s = d.seq.load(std::memory_order_relaxed);
+  d.seq.store(s | 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  std::memcpy(d.uuid, uuid.data(), 16);
+  d.reserved[0].store(reserved.lo, std::memory_order_relaxed);
+  d.reserved[1].store(reserved.hi, std::memory_order_relaxed);
+  d.burst[0].store(burst.lo, std::memory_order_relaxed);
+  d.burst[1].store(burst.hi, std::memory_order_relaxed);
+  d.in_use.store(1, std::memory_order_relaxed);
+  d.seq.store((s | 1) + 1, std::memory_order_release);
+}
+
+namespace {
+
+// One consistent copy of a device slot, or false (in use or not) within a
+// bounded number of tries: a writer publishes in nanoseconds, a corrupt slot
+// stays odd.
+bool read_slot(const BeaconDevice& d, DeviceView& v, bool& in_use) noexcept {
+  for (int i = 0; i < ctl::kReadTries; ++i) {
+    const std::uint64_t s1 = d.seq.load(std::memory_order_acquire);
+    if (s1 & 1) continue;
+    in_use = d.in_use.load(std::memory_order_relaxed) == 1;
+    std::memcpy(v.uuid.data(), d.uuid, 16);
+    v.reserved = {d.reserved[0].load(std::memory_order_relaxed), d.reserved[1].load(std::memory_order_relaxed)};
+    v.burst = {d.burst[0].load(std::memory_order_relaxed), d.burst[1].load(std::memory_order_relaxed)};
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (d.seq.load(std::memory_order_relaxed) == s1) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool read_devices(const Beacon& b, std::vector<DeviceView>& out) {
+  out.clear();
+  for (const BeaconDevice& d : b.devices) {
+    DeviceView v;
+    bool in_use = false;
+    if (!read_slot(d, v, in_use)) return false;
+    if (in_use) out.push_back(v);
+  }
+  return true;
+}
+
+Bits128 reserved_on(const Beacon& b, const std::uint8_t (&uuid)[16]) noexcept {
+  Bits128 r;
+  for (const BeaconDevice& d : b.devices) {
+    DeviceView v;
+    bool in_use = false;
+    // An unreadable slot may be this GPU's: take nothing of it is wrong in
+    // the unsafe direction (a BE kernel on the LC's TPCs); take all of it.
+    if (!read_slot(d, v, in_use)) return Bits128{~0ull, ~0ull};
+    if (!in_use) continue;
+    const bool any = v.uuid == kAnyDevice;
+    if (any || std::memcmp(v.uuid.data(), uuid, 16) == 0) r = r | v.reserved;
+  }
+  return r;
+}
+
+
+namespace {
+
+// The user a live process runs as: the owner of /proc/<pid>.
+std::optional<uid_t> process_uid(pid_t pid) {
+  struct stat st {};
+  if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0) return std::nullopt;
+  return st.st_uid;
+}
+
+bool may_remove(const struct stat& st) { return ::geteuid() == 0 || st.st_uid == ::geteuid(); }
+
+// Maps a beacon read-only after the checks a shared file gets
+// (trusted_file.hpp, OpenSSH-style): opened without following a link or
+// waiting on a FIFO; a regular file of exactly one page; owned by the task's
+// user or root; writable by its owner only; its header names the task and
+// its start time.
+const Beacon* map_trusted(const std::string& path, pid_t pid, std::uint64_t start, uid_t uid) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  const bool ok = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+                  st.st_size == static_cast<off_t>(kBeaconBytes) && (st.st_uid == uid || st.st_uid == 0) &&
+                  (st.st_mode & (S_IWGRP | S_IWOTH)) == 0;
+  void* m = ok ? ::mmap(nullptr, kBeaconBytes, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+  ::close(fd);
+  if (m == MAP_FAILED) return nullptr;
+  const auto* b = static_cast<const Beacon*>(m);
+  if (b->magic.load(std::memory_order_acquire) != kBeaconMagic || b->version != kBeaconVersion ||
+      b->pid != pid || b->start_time != start) {
+    ::munmap(m, kBeaconBytes);
+    return nullptr;
+  }
+  return b;
+}
+
+}  // namespace
+
+bool peer_alive(const Peer& p) {
+  return p.pid > 0 && ctl::process_start_time(p.pid) == p.start_time && !ctl::process_is_zombie_or_dead(p.pid);
+}
+
+std::vector<Peer> scan_beacons(pid_t self, const std::vector<Peer>& known) {
+  std::vector<Peer> out;
+  const std::string dir = ctl::status_dir();
+  DIR* d = ::opendir(dir.c_str());
+  if (d == nullptr) return out;
+  const std::size_t plen = std::strlen(kPrefix);
+  std::vector<std::string> names;
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, plen, kPrefix) == 0) names.push_back(name);
+  }
+  ::closedir(d);
+  for (const std::string& name : names) {
+    const std::string rest = name.substr(plen);
+    const auto dot = rest.find('.');
+    if (dot == std::string::npos || rest.size() - dot - 1 != 16) continue;
+    const auto pid = ctl::parse_pid(std::string_view(rest).substr(0, dot));
+    if (!pid || *pid == self) continue;
+    const std::string path = dir + "/" + name;
+    const std::uint64_t start = ctl::process_start_time(*pid);
+    if (start == 0 || ctl::process_is_zombie_or_dead(*pid)) {
+      struct stat st {};
+      if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && may_remove(st)) ::unlink(path.c_str());
+      continue;
+    }
+    bool have = false;
+    for (const Peer& k : known)
+      if (k.pid == *pid && k.start_time == start) {
+        out.push_back(k);
+        have = true;
+        break;
+      }
+    if (have) continue;
+    const auto uid = process_uid(*pid);
+    if (!uid) continue;
+    if (const Beacon* b = map_trusted(path, *pid, start, *uid)) out.push_back(Peer{*pid, start, *uid, b});
+  }
+  return out;
+}
+
+// ---- the policy ----------------------------------------------------------------------
+
+void BurstBudget::advance(std::uint64_t now, bool busy) noexcept {
+  if (!started_) {
+    started_ = true;
+    last_ = now;
+  }
+  const std::uint64_t dt = now > last_ ? now - last_ : 0;
+  last_ = now;
+  // The share of time busy, weighted by exp(-age / tau): what the last
+  // interval adds is its length's weight, all busy or all idle.
+  const double keep = std::exp(-static_cast<double>(dt) / static_cast<double>(p_.tau_ns));
+  share_ = share_ * keep + (busy ? 1.0 - keep : 0.0);
+  if (busy) {
+    if (busy_since_ == 0) busy_since_ = now - dt;
+    if (allowed_ && (share_ > p_.stop_share || now - busy_since_ >= p_.max_burst_ns)) {
+      allowed_ = false;
+      ++saturations_;
+    }
+  } else {
+    busy_since_ = 0;
+    if (!allowed_ && share_ < p_.resume_share) allowed_ = true;
+  }
+}
+
+LcSnapshot snapshot(const Beacon& b) noexcept {
+  LcSnapshot s;
+  s.completed = b.completed.load(std::memory_order_acquire);
+  s.launches = b.launches.load(std::memory_order_acquire);
+  s.heartbeat_ns = b.heartbeat_ns.load(std::memory_order_relaxed);
+  s.may_burst = b.may_burst.load(std::memory_order_relaxed) == 1;
+  return s;
+}
+
+BeAction be_action(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noexcept {
+  BeAction a = BeAction::kRun;
+  for (const LcSnapshot& s : lcs) {
+    const bool stale = now_ns > s.heartbeat_ns && now_ns - s.heartbeat_ns > kStaleNs;
+    if (stale) {
+      // Its controller stopped: whether the task is busy is unknown, so
+      // its reservation is kept free, and nothing waits for it.
+      if (a == BeAction::kRun) a = BeAction::kFloor;
+      continue;
+    }
+    if (s.launches == s.completed) continue;
+    if (s.may_burst) return BeAction::kHold;
+    a = BeAction::kFloor;
+  }
+  return a;
+}
+
+}  // namespace nvtaskset::roles
