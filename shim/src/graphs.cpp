@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // CUDA graphs under a partition: see graphs.hpp for the mechanism.
 #include "graphs.hpp"
+#include "roles.hpp"
 
 #include <dlfcn.h>
 
@@ -396,11 +397,19 @@ CUresult w_instantiate_with_params_ptsz(CUgraphExec* exec, CUgraph graph, CUDA_G
 }
 
 using StreamOpFn = CUresult (*)(CUgraphExec, CUstream);
+// A graph launch is a launch for the roles (roles.hpp): a latency-critical
+// task is busy until it completes; a best-effort one waits its turn first.
 CUresult w_launch(CUgraphExec e, CUstream s) {
-  return run_fresh(e, [&] { return real<StreamOpFn>(kLaunch)(e, s); });
+  const std::uint64_t t = roles_shim::before_graph_launch(s, false);
+  const CUresult rc = run_fresh(e, [&] { return real<StreamOpFn>(kLaunch)(e, s); });
+  roles_shim::after_graph_launch(t, s, false);
+  return rc;
 }
 CUresult w_launch_ptsz(CUgraphExec e, CUstream s) {
-  return run_fresh(e, [&] { return real<StreamOpFn>(kLaunchPtsz)(e, s); });
+  const std::uint64_t t = roles_shim::before_graph_launch(s, true);
+  const CUresult rc = run_fresh(e, [&] { return real<StreamOpFn>(kLaunchPtsz)(e, s); });
+  roles_shim::after_graph_launch(t, s, true);
+  return rc;
 }
 CUresult w_upload(CUgraphExec e, CUstream s) {
   return run_fresh(e, [&] { return real<StreamOpFn>(kUpload)(e, s); });

@@ -56,6 +56,7 @@
 #include "nvtaskset/partition.hpp"
 #include "nvtaskset/tmd.hpp"
 #include "graphs.hpp"
+#include "roles.hpp"
 #include "sm_count.hpp"
 
 // Defined by the generated trampolines (gen_trampolines.cmake).
@@ -627,6 +628,9 @@ void on_launch(void* /*userdata*/, int domain, int cbid, const void* params) noe
   }
   Bits128 enabled{view.enabled_lo, view.enabled_hi};
   const std::uint32_t blocks = tmd::cluster_blocks(t, layout, v);
+  // A role widens a latency-critical kernel to its burst set, or keeps a
+  // best-effort one on its floor (roles.hpp): a flag and a seqlocked copy.
+  if (e) roles_shim::adjust(slot, enabled, blocks);
   if (blocks != 0 && blocks != tmd::kClusterShapeUnknown) [[unlikely]] {
     note_cluster(*h, blocks);
     if (view.max_cluster != kClusterUnchecked && blocks > view.max_cluster)
@@ -665,7 +669,7 @@ void at_exit() {
 // a child of a task is said here, once: it runs on the partition, but
 // `--status` and the TPCs `-n` avoids do not show it.
 void publish_own_status(const std::vector<DevicePartition>& parts) {
-  if (const std::string why = ctl::publish_status(::getpid(), parts); !why.empty())
+  if (const std::string why = ctl::publish_status(::getpid(), parts, roles_shim::role()); !why.empty())
     log(partition_set_by_cli() ? spdlog::level::debug : spdlog::level::warn,
         "no status entry ({}): this process runs on its partition, but `nvtaskset --status` does not list it", why);
   else
@@ -762,6 +766,7 @@ int w_init(unsigned flags) {
 // cuGetProcAddress hands out the shim's wrappers beyond the graph ones.
 void hand_out(void** pfn) {
   sm_count::hand_out(pfn);
+  roles_shim::hand_out(pfn);
   const InitFn real = g_real_init.load(std::memory_order_acquire);
   if (real != nullptr && *pfn == fn_addr(real)) *pfn = fn_addr(&w_init);
 }
@@ -774,6 +779,7 @@ void atfork_parent() { pthread_mutex_unlock(&g_log_mu); }
 // it).
 void atfork_child() {
   g_log_mu = PTHREAD_MUTEX_INITIALIZER;
+  roles_shim::atfork_child();
   ctl::Header* old = g_header.load(std::memory_order_acquire);
   if (old == nullptr) return;  // the init stopped before creating a region
   std::vector<DevicePartition> parts;
@@ -787,6 +793,7 @@ void atfork_child() {
     return;
   }
   const std::uint32_t registered = old->callback_registered.load(std::memory_order_relaxed);
+  const std::uint32_t role = old->role.load(std::memory_order_relaxed);
   // The parent's entry is the parent's; this process gets its own at cuInit.
   g_published.store(false, std::memory_order_relaxed);
   g_publish_at_init.store(any_active(parts), std::memory_order_relaxed);
@@ -794,6 +801,7 @@ void atfork_child() {
   try {
     auto region = ctl::Region::create_for_self(parts);
     region->header().callback_registered.store(registered, std::memory_order_relaxed);
+    region->header().role.store(role, std::memory_order_relaxed);
     ctl::Header* h = &region->header();
     g_region.store(region.release(), std::memory_order_release);
     g_header.store(h, std::memory_order_release);
@@ -802,6 +810,7 @@ void atfork_child() {
     if (old != &g_local_header) {
       ctl::init_header(g_local_header, parts);
       g_local_header.callback_registered.store(registered, std::memory_order_relaxed);
+      g_local_header.role.store(role, std::memory_order_relaxed);
       g_header.store(&g_local_header, std::memory_order_release);
     }
     if (any_active(parts))
@@ -831,6 +840,7 @@ void fill_slots(void* real) {
     if (real != nullptr) {
       if (void* w = graphs::wrap_export(name, p, real)) p = w;
       else if (void* s = sm_count::wrap_export(name, p)) p = s;
+      else if (void* r = roles_shim::wrap_export(name, p)) p = r;
       else if (p != nullptr && std::strcmp(name, "cuInit") == 0) {
         g_real_init.store(reinterpret_cast<InitFn>(p), std::memory_order_release);
         p = fn_addr(&w_init);
@@ -876,6 +886,9 @@ void setup_region() {
     header = &g_local_header;
     std::snprintf(g_region_error, sizeof g_region_error, "%s", e.what());
   }
+  // The role, for `-p` and --status, from the load on (run_init checks the value).
+  if (const char* r = option_value(Option::kRole))
+    if (const auto role = roles::parse_role(r)) header->role.store(static_cast<std::uint32_t>(*role), std::memory_order_relaxed);
   g_header.store(header, std::memory_order_release);
   ::pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
@@ -944,6 +957,20 @@ void run_init() {
   }
   const bool active = any_active(current);
   log(spdlog::level::info, "partition: {}", describe(current));
+  // The role nvtaskset gave the task (roles.hpp), before the status entry
+  // that shows it and before the slots it wraps.
+  if (const char* r = option_value(Option::kRole)) {
+    const auto role = roles::parse_role(r);
+    if (!role) {
+      log(spdlog::level::err, "{}={}: unknown role (latency-critical or best-effort); stopping", option(Option::kRole).name,
+          r);
+      std::exit(1);
+    }
+    if (active)
+      roles_shim::configure(*role, &g_header, g_real, [](const char* m) { log(spdlog::level::warn, "{}", m); });
+  } else {
+    roles_shim::configure(roles::Role::kNone, &g_header, g_real, [](const char* m) { log(spdlog::level::warn, "{}", m); });
+  }
   // The public status entry (status.hpp), for `nvtaskset --status` and the
   // TPCs `-n` avoids. The CLI wrote one before it exec'd this task; this one
   // also covers processes that inherited the partition across fork()+exec().

@@ -1,0 +1,780 @@
+// SPDX-License-Identifier: Apache-2.0
+// The roles in a task's shim: see roles.hpp here and in control/.
+#include "roles.hpp"
+
+#include <dlfcn.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "nvtaskset/options.hpp"
+#include "nvtaskset/partition.hpp"
+#include "nvtaskset/status.hpp"
+
+namespace nvtaskset::roles_shim {
+namespace {
+
+using roles::Role;
+
+std::atomic<std::uint32_t> g_role{0};
+std::atomic<std::atomic<ctl::Header*>*> g_header_src{nullptr};
+std::atomic<WarnFn> g_warn{nullptr};
+
+ctl::Header* header() noexcept {
+  auto* src = g_header_src.load(std::memory_order_acquire);
+  return src != nullptr ? src->load(std::memory_order_acquire) : nullptr;
+}
+
+void warn(const char* msg) noexcept {
+  if (const WarnFn w = g_warn.load(std::memory_order_acquire)) w(msg);
+}
+
+void bump(std::atomic<std::uint64_t>& c, std::uint64_t by = 1) noexcept {
+  c.fetch_add(by, std::memory_order_relaxed);
+}
+
+std::uint64_t now_ns() noexcept {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+void sleep_ns(long ns) noexcept {
+  timespec ts{0, ns};
+  ::nanosleep(&ts, nullptr);
+}
+
+// ---- the driver functions the roles use --------------------------------------------
+
+using EventCreateFn = CUresult (*)(CUevent*, unsigned);
+using EventRecordFn = CUresult (*)(CUevent, CUstream);
+using EventFn = CUresult (*)(CUevent);
+using IsCapturingFn = CUresult (*)(CUstream, CUstreamCaptureStatus*);
+using CtxGetFn = CUresult (*)(CUcontext*);
+using CtxSetFn = CUresult (*)(CUcontext);
+
+struct Driver {
+  std::atomic<EventCreateFn> event_create{nullptr};
+  std::atomic<EventRecordFn> event_record{nullptr};
+  std::atomic<EventRecordFn> event_record_ptsz{nullptr};
+  std::atomic<EventFn> event_query{nullptr};
+  std::atomic<EventFn> event_sync{nullptr};
+  std::atomic<IsCapturingFn> is_capturing{nullptr};
+  std::atomic<IsCapturingFn> is_capturing_ptsz{nullptr};
+  std::atomic<CtxGetFn> ctx_get{nullptr};
+  std::atomic<CtxSetFn> ctx_set{nullptr};
+};
+constinit Driver g_drv{};
+
+template <class F>
+void load(std::atomic<F>& slot, void* driver, const char* name) noexcept {
+  slot.store(reinterpret_cast<F>(::dlsym(driver, name)), std::memory_order_release);
+}
+
+bool have_events() noexcept {
+  return g_drv.event_create.load(std::memory_order_acquire) && g_drv.event_record.load(std::memory_order_acquire) &&
+         g_drv.event_query.load(std::memory_order_acquire) && g_drv.event_sync.load(std::memory_order_acquire) &&
+         g_drv.ctx_get.load(std::memory_order_acquire);
+}
+
+// Work launched into a capturing stream does not run: it neither makes the
+// task busy nor waits.
+bool capturing(CUstream s, bool per_thread) noexcept {
+  const IsCapturingFn f = (per_thread ? g_drv.is_capturing_ptsz : g_drv.is_capturing).load(std::memory_order_acquire);
+  if (f == nullptr) return false;
+  CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+  return f(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
+CUresult record(CUevent ev, CUstream s, bool per_thread) noexcept {
+  const EventRecordFn ptsz = g_drv.event_record_ptsz.load(std::memory_order_acquire);
+  if (per_thread && ptsz != nullptr) return ptsz(ev, s);
+  // The per-thread default stream by its handle, where the _ptsz variant is missing.
+  if (per_thread && s == nullptr) s = CU_STREAM_PER_THREAD;
+  return g_drv.event_record.load(std::memory_order_acquire)(ev, s);
+}
+
+// ---- what the callback reads: one seqlocked mask per region slot ---------------------
+
+struct SlotMask {
+  std::atomic<std::uint64_t> seq;
+  std::atomic<std::uint64_t> lo, hi;
+  std::atomic<std::uint32_t> valid;
+};
+constinit SlotMask g_mask[ctl::kMaxDevices]{};
+
+void store_mask(unsigned slot, const Bits128& m, bool valid) noexcept {
+  SlotMask& s = g_mask[slot];
+  const std::uint64_t q = s.seq.load(std::memory_order_relaxed);
+  s.seq.store(q | 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  s.lo.store(m.lo, std::memory_order_relaxed);
+  s.hi.store(m.hi, std::memory_order_relaxed);
+  s.valid.store(valid ? 1 : 0, std::memory_order_relaxed);
+  s.seq.store((q | 1) + 1, std::memory_order_release);
+}
+
+// False when the slot holds nothing, or no consistent copy was had within
+// ctl::kReadTries (a writer publishes in nanoseconds).
+bool load_mask(unsigned slot, Bits128& m) noexcept {
+  const SlotMask& s = g_mask[slot];
+  for (int i = 0; i < ctl::kReadTries; ++i) {
+    const std::uint64_t q = s.seq.load(std::memory_order_acquire);
+    if (q & 1) continue;
+    const std::uint64_t lo = s.lo.load(std::memory_order_relaxed), hi = s.hi.load(std::memory_order_relaxed);
+    const bool valid = s.valid.load(std::memory_order_relaxed) == 1;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (s.seq.load(std::memory_order_relaxed) != q) continue;
+    m = {lo, hi};
+    return valid;
+  }
+  return false;
+}
+
+// Best-effort launches in flight on their floor: while any is, the
+// callback applies the floor (a concurrent launch on the whole partition
+// then gets the floor too: the safe side).
+std::atomic<int> g_floor_users{0};
+
+// The region's slots in use, with their GPU and partition.
+struct SlotPartition {
+  unsigned slot;
+  DeviceUuid uuid;
+  Bits128 enabled;
+};
+std::vector<SlotPartition> region_slots() {
+  std::vector<SlotPartition> out;
+  const ctl::Header* h = header();
+  if (h == nullptr) return out;
+  for (unsigned i = 0; i < ctl::kMaxDevices; ++i) {
+    const ctl::DeviceEntry& e = h->devices[i];
+    if (e.in_use.load(std::memory_order_acquire) != 1) continue;
+    try {
+      const Partition p = ctl::read_partition(e);
+      if (!p.active()) continue;
+      DeviceUuid u;
+      std::memcpy(u.data(), e.uuid, 16);
+      out.push_back({i, u, p.enabled.bits});
+    } catch (const std::exception&) {
+    }
+  }
+  return out;
+}
+
+// The status directory's modification time: entries and beacons come and go
+// by rename and unlink there.
+std::int64_t dir_stamp() noexcept {
+  struct stat st {};
+  if (::stat(ctl::status_dir().c_str(), &st) != 0) return 0;
+  return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
+}
+
+// ---- latency-critical: the beacon and the controller ---------------------------------
+
+constexpr unsigned kRing = 64;
+// A slot's sequence with this bit: the launch was in a context without the
+// ring's events; it is not waited for.
+constexpr std::uint64_t kNoEvent = 1ull << 63;
+
+struct LcState {
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+  roles::BeaconFile* file = nullptr;  // leaked: threads may read it until exit
+  std::atomic<roles::Beacon*> beacon{nullptr};
+  std::atomic<std::uint64_t> launches{0};
+  std::atomic<std::uint32_t> wake{0};
+  std::atomic<std::uint32_t> sleeping{0};
+  std::atomic<bool> stop{false};
+  std::atomic<bool> started{false};
+  std::atomic<bool> failed{false};
+  CUcontext ctx = nullptr;
+  CUevent events[kRing] = {};
+  std::atomic<std::uint64_t> slot_seq[kRing] = {};
+  // The base of the burst set: every working TPC of each GPU (NVTASKSET_BURST_POOL).
+  std::vector<DevicePartition>* pool = nullptr;
+};
+constinit LcState g_lc{};
+
+void futex_wake(std::atomic<std::uint32_t>& w) noexcept {
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&w), FUTEX_WAKE_PRIVATE, 1, nullptr, nullptr, 0);
+}
+void futex_wait(std::atomic<std::uint32_t>& w, std::uint32_t seen, long ns) noexcept {
+  timespec ts{0, ns};
+  ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&w), FUTEX_WAIT_PRIVATE, seen, &ts, nullptr, 0);
+}
+
+// The burst set of each slot: the base minus every TPC another task's
+// partition holds, unless that task is best-effort. Written to the
+// callback's masks and the beacon; a change makes CUDA graphs re-encode.
+void refresh_burst(roles::Beacon& b) {
+  std::vector<ctl::StatusEntry> status;
+  try {
+    status = ctl::read_status();
+  } catch (const std::exception&) {
+    return;
+  }
+  const pid_t self = ::getpid();
+  bool changed = false;
+  unsigned used = 0;
+  for (const SlotPartition& sp : region_slots()) {
+    Bits128 base;
+    if (g_lc.pool != nullptr)
+      for (const DevicePartition& dp : *g_lc.pool)
+        if (dp.device == sp.uuid || dp.device == kAnyDevice) base = base | dp.partition.enabled.bits;
+    Bits128 taken;
+    for (const ctl::StatusEntry& e : status) {
+      if (e.pid == self || e.role == Role::kBestEffort) continue;
+      for (const DevicePartition& dp : e.partitions)
+        if (dp.partition.active() && (dp.device == sp.uuid || dp.device == kAnyDevice || sp.uuid == kAnyDevice))
+          taken = taken | dp.partition.enabled.bits;
+    }
+    const Bits128 burst = base & ~taken;
+    Bits128 old;
+    const bool had = load_mask(sp.slot, old);
+    if (!had || !(old == burst)) changed = true;
+    store_mask(sp.slot, burst, true);
+    roles::set_device(b, used++, sp.uuid, sp.enabled, sp.enabled | burst);
+  }
+  for (unsigned i = used; i < roles::kBeaconDevices; ++i) b.devices[i].in_use.store(0, std::memory_order_release);
+  if (changed)
+    if (ctl::Header* h = header()) h->epoch.fetch_add(1, std::memory_order_acq_rel);
+}
+
+// The budgets, unless a test stretches them (NVTASKSET_TEST_BURST_MS).
+roles::BudgetParams budget_params(roles::BudgetParams p) noexcept {
+  const NumberValue t = number(Option::kTestBurstMs, 1, 3'600'000, 0);
+  if (t.value == 0) return p;
+  p.max_burst_ns = t.value * 1'000'000ull;
+  p.stop_share = 2.0;  // never by share
+  return p;
+}
+
+void* controller(void*) {
+  roles::Beacon& b = *g_lc.beacon.load(std::memory_order_acquire);
+  roles::BurstBudget budget(budget_params({}));
+  std::uint64_t completed = 0, busy_since = 0;
+  bool ctx_set = false;
+  std::int64_t stamp = -1;
+  std::uint64_t next_refresh = 0;
+  while (!g_lc.stop.load(std::memory_order_acquire)) {
+    const std::uint64_t now = now_ns();
+    const std::uint64_t launches = g_lc.launches.load(std::memory_order_acquire);
+    const bool busy = launches != completed;
+    budget.advance(now, busy);
+    b.heartbeat_ns.store(now, std::memory_order_relaxed);
+    b.may_burst.store(budget.may_burst() ? 1 : 0, std::memory_order_relaxed);
+    b.state.store(static_cast<std::uint32_t>(!busy                ? roles::LcState::kIdle
+                                             : budget.may_burst() ? roles::LcState::kBursting
+                                                                  : roles::LcState::kSaturated),
+                  std::memory_order_relaxed);
+    b.saturations.store(budget.saturations(), std::memory_order_relaxed);
+    if (now >= next_refresh) {
+      const std::int64_t s = dir_stamp();
+      if (s != stamp || now >= next_refresh + 200'000'000) {
+        stamp = s;
+        refresh_burst(b);
+      }
+      next_refresh = now + 5'000'000;
+    }
+    if (!busy) {
+      const std::uint32_t seen = g_lc.wake.load(std::memory_order_acquire);
+      g_lc.sleeping.store(1, std::memory_order_seq_cst);
+      if (g_lc.launches.load(std::memory_order_seq_cst) == completed) futex_wait(g_lc.wake, seen, 5'000'000);
+      g_lc.sleeping.store(0, std::memory_order_relaxed);
+      continue;
+    }
+    if (busy_since == 0) {
+      busy_since = now;
+      bump(b.busy_periods);
+    }
+    const unsigned slot = static_cast<unsigned>(launches % kRing);
+    const std::uint64_t recorded = g_lc.slot_seq[slot].load(std::memory_order_acquire);
+    bool done = false;
+    if ((recorded & ~kNoEvent) != launches) {
+      sleep_ns(5'000);  // launched, its event not recorded yet
+      continue;
+    }
+    if (recorded & kNoEvent) {
+      done = true;
+    } else {
+      if (!ctx_set) {
+        const CtxSetFn set = g_drv.ctx_set.load(std::memory_order_acquire);
+        ctx_set = set != nullptr && set(g_lc.ctx) == CUDA_SUCCESS;
+      }
+      const CUresult r = g_drv.event_query.load(std::memory_order_acquire)(g_lc.events[slot]);
+      // Any answer but "not ready" ends the wait: an error must not keep
+      // best-effort tasks waiting.
+      done = r != CUDA_ERROR_NOT_READY;
+    }
+    if (!done) {
+      sleep_ns(10'000);
+      continue;
+    }
+    completed = launches;
+    b.completed.store(completed, std::memory_order_release);
+    if (g_lc.launches.load(std::memory_order_acquire) == completed) {
+      bump(b.busy_ns, now_ns() - busy_since);
+      busy_since = 0;
+    }
+  }
+  return nullptr;
+}
+
+// Stops the controller before the driver's own exit handlers run (this one
+// is registered after cuInit, so it runs before them): its thread must not
+// query events of a driver being torn down. The beacon goes with it.
+void stop_controller() {
+  g_lc.stop.store(true, std::memory_order_release);
+  g_lc.wake.fetch_add(1, std::memory_order_acq_rel);
+  futex_wake(g_lc.wake);
+  if (g_lc.file != nullptr) ::unlink(g_lc.file->path().c_str());
+}
+
+// The beacon and the controller, at the task's first launch (the driver is
+// initialised by then). False when they could not be made: said once; the
+// task then runs on its reservation only, and best-effort tasks do not see
+// it busy.
+bool start_lc() noexcept {
+  if (g_lc.started.load(std::memory_order_acquire)) return true;
+  if (g_lc.failed.load(std::memory_order_acquire)) return false;
+  pthread_mutex_lock(&g_lc.mu);
+  if (!g_lc.started.load(std::memory_order_relaxed) && !g_lc.failed.load(std::memory_order_relaxed)) {
+    std::string why;
+    if (!have_events()) why = "the driver lacks the event functions";
+    else {
+      try {
+        g_lc.file = roles::BeaconFile::create().release();
+        g_lc.beacon.store(&g_lc.file->beacon(), std::memory_order_release);
+        refresh_burst(g_lc.file->beacon());
+        g_lc.file->beacon().heartbeat_ns.store(now_ns(), std::memory_order_relaxed);
+        g_lc.file->beacon().may_burst.store(1, std::memory_order_relaxed);
+        pthread_t t;
+        if (::pthread_create(&t, nullptr, &controller, nullptr) != 0) why = "cannot start its controller thread";
+        else {
+          ::pthread_detach(t);
+          std::atexit(&stop_controller);
+        }
+      } catch (const std::exception& e) {
+        why = e.what();
+      }
+    }
+    if (why.empty()) g_lc.started.store(true, std::memory_order_release);
+    else {
+      g_lc.failed.store(true, std::memory_order_release);
+      warn(("latency-critical: " + why + "; this task runs on its reservation only, and best-effort tasks do not "
+            "make way for it")
+               .c_str());
+    }
+  }
+  pthread_mutex_unlock(&g_lc.mu);
+  return g_lc.started.load(std::memory_order_acquire);
+}
+
+// Before a latency-critical launch: the task is busy from now on.
+std::uint64_t lc_before(CUstream s, bool per_thread) noexcept {
+  if (capturing(s, per_thread) || !start_lc()) return 0;
+  const std::uint64_t seq = g_lc.launches.fetch_add(1, std::memory_order_acq_rel) + 1;
+  g_lc.beacon.load(std::memory_order_acquire)->launches.store(seq, std::memory_order_release);
+  return seq;
+}
+
+// After it: an event the controller waits for.
+void lc_after(std::uint64_t seq, CUstream s, bool per_thread) noexcept {
+  if (seq == 0) return;
+  const unsigned slot = static_cast<unsigned>(seq % kRing);
+  std::uint64_t mark = seq | kNoEvent;
+  pthread_mutex_lock(&g_lc.mu);
+  CUcontext ctx = nullptr;
+  if (g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) == CUDA_SUCCESS && ctx != nullptr) {
+    if (g_lc.ctx == nullptr) {
+      const EventCreateFn create = g_drv.event_create.load(std::memory_order_acquire);
+      bool ok = true;
+      for (unsigned i = 0; i < kRing && ok; ++i) ok = create(&g_lc.events[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS;
+      if (ok) g_lc.ctx = ctx;
+    }
+    if (ctx == g_lc.ctx && record(g_lc.events[slot], s, per_thread) == CUDA_SUCCESS) mark = seq;
+  }
+  g_lc.slot_seq[slot].store(mark, std::memory_order_release);
+  pthread_mutex_unlock(&g_lc.mu);
+  if (g_lc.sleeping.load(std::memory_order_seq_cst) != 0) {
+    g_lc.wake.fetch_add(1, std::memory_order_acq_rel);
+    futex_wake(g_lc.wake);
+  }
+}
+
+// ---- best-effort: the gate, the floor, the queue --------------------------------------
+
+constexpr unsigned kMaxPeers = 16;
+
+struct BeState {
+  pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;  // peers, floors, budget
+  std::vector<roles::Peer>* peers = nullptr;
+  std::uint64_t next_check = 0, next_scan = 0, next_alive = 0;
+  std::int64_t stamp = -1;
+  std::uint64_t epoch = ~0ull;
+  roles::BurstBudget* hold_budget = nullptr;
+  // The queue (NVTASKSET_BE_DEPTH): one event per `stride` launches, in a
+  // ring of `ring` slots.
+  pthread_mutex_t qmu = PTHREAD_MUTEX_INITIALIZER;
+  unsigned depth = 16, stride = 2, ring = 8;
+  CUcontext ctx = nullptr;
+  bool ring_failed = false;
+  CUevent events[64] = {};
+  bool recorded[64] = {};
+  std::uint64_t count = 0;
+};
+constinit BeState g_be{};
+
+// Beacons of new LC tasks and the liveness of known ones, at most every few
+// milliseconds; the floor of each slot when either or the partition changed.
+// Under g_be.mu.
+void be_refresh(std::uint64_t now) {
+  if (now < g_be.next_check) return;
+  g_be.next_check = now + 5'000'000;
+  bool changed = false;
+  const std::int64_t s = dir_stamp();
+  if (s != g_be.stamp || now >= g_be.next_scan) {
+    g_be.stamp = s;
+    g_be.next_scan = now + 500'000'000;
+    std::vector<roles::Peer> found = roles::scan_beacons(::getpid(), *g_be.peers);
+    if (found.size() > kMaxPeers) found.resize(kMaxPeers);
+    changed = found.size() != g_be.peers->size();
+    for (std::size_t i = 0; !changed && i < found.size(); ++i) changed = found[i].beacon != (*g_be.peers)[i].beacon;
+    *g_be.peers = std::move(found);
+  } else if (now >= g_be.next_alive) {
+    g_be.next_alive = now + 50'000'000;
+    std::vector<roles::Peer> alive;
+    for (const roles::Peer& p : *g_be.peers)
+      if (roles::peer_alive(p)) alive.push_back(p);
+    changed = alive.size() != g_be.peers->size();
+    *g_be.peers = std::move(alive);
+  }
+  const ctl::Header* h = header();
+  const std::uint64_t epoch = h != nullptr ? h->epoch.load(std::memory_order_acquire) : 0;
+  if (!changed && epoch == g_be.epoch) return;
+  g_be.epoch = epoch;
+  // The reservations on each slot's GPU, for the callback's floor.
+  for (unsigned i = 0; i < ctl::kMaxDevices; ++i) store_mask(i, Bits128{}, false);
+  for (const SlotPartition& sp : region_slots()) {
+    Bits128 reserved;
+    std::uint8_t u[16];
+    std::memcpy(u, sp.uuid.data(), 16);
+    for (const roles::Peer& p : *g_be.peers) {
+      if (sp.uuid == kAnyDevice) {
+        std::vector<roles::DeviceView> views;
+        if (!roles::read_devices(*p.beacon, views)) reserved = Bits128{~0ull, ~0ull};
+        for (const roles::DeviceView& v : views) reserved = reserved | v.reserved;
+      } else {
+        reserved = reserved | roles::reserved_on(*p.beacon, u);
+      }
+    }
+    store_mask(sp.slot, reserved, true);
+  }
+}
+
+roles::BeAction be_decide(std::uint64_t now) {
+  std::vector<roles::LcSnapshot> snaps;
+  for (const roles::Peer& p : *g_be.peers) snaps.push_back(roles::snapshot(*p.beacon));
+  return roles::be_action(snaps, now);
+}
+
+// Before a best-effort launch: waits while an LC task bursts; true when the
+// launch must run on the floor.
+bool be_before(CUstream s, bool per_thread, bool graph) {
+  if (capturing(s, per_thread)) return false;
+  ctl::Header* h = header();
+  pthread_mutex_lock(&g_be.mu);
+  std::uint64_t now = now_ns();
+  be_refresh(now);
+  g_be.hold_budget->advance(now, false);
+  roles::BeAction a = be_decide(now);
+  const std::uint64_t start = now;
+  bool held = false;
+  while (a == roles::BeAction::kHold || (graph && a == roles::BeAction::kFloor)) {
+    if (!g_be.hold_budget->may_burst()) break;
+    held = true;
+    if (h) h->role_state.store(1, std::memory_order_relaxed);
+    pthread_mutex_unlock(&g_be.mu);
+    sleep_ns(20'000);
+    pthread_mutex_lock(&g_be.mu);
+    now = now_ns();
+    g_be.hold_budget->advance(now, true);
+    be_refresh(now);
+    a = be_decide(now);
+  }
+  pthread_mutex_unlock(&g_be.mu);
+  if (h) {
+    if (held) {
+      bump(h->launches_held);
+      bump(h->held_ns, now - start);
+    }
+    const bool floor = a != roles::BeAction::kRun && !graph;
+    h->role_state.store(a == roles::BeAction::kRun ? 0 : floor ? 2 : 1, std::memory_order_relaxed);
+    if (floor) bump(h->launches_on_floor);
+  }
+  if (graph && a != roles::BeAction::kRun) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      warn("best-effort: a CUDA graph waited as long as it may for a busy latency-critical task and runs on the "
+           "TPCs it was encoded with");
+  }
+  return a != roles::BeAction::kRun && !graph;
+}
+
+// After a best-effort launch: at most `depth` launches queued.
+void be_after(CUstream s, bool per_thread) noexcept {
+  if (capturing(s, per_thread)) return;
+  pthread_mutex_lock(&g_be.qmu);
+  ++g_be.count;
+  if (g_be.count % g_be.stride == 0 && !g_be.ring_failed) {
+    CUcontext ctx = nullptr;
+    if (g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) == CUDA_SUCCESS && ctx != nullptr) {
+      if (g_be.ctx == nullptr) {
+        const EventCreateFn create = g_drv.event_create.load(std::memory_order_acquire);
+        bool ok = true;
+        for (unsigned i = 0; i < g_be.ring && ok; ++i)
+          ok = create(&g_be.events[i], CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC) == CUDA_SUCCESS;
+        if (ok) g_be.ctx = ctx;
+        else g_be.ring_failed = true;
+      }
+      if (ctx == g_be.ctx) {
+        const unsigned slot = static_cast<unsigned>((g_be.count / g_be.stride) % g_be.ring);
+        if (g_be.recorded[slot]) {
+          // The oldest queued launch: wait until it ran.
+          if (g_drv.event_query.load(std::memory_order_acquire)(g_be.events[slot]) == CUDA_ERROR_NOT_READY) {
+            if (ctl::Header* h = header()) bump(h->queue_waits);
+            g_drv.event_sync.load(std::memory_order_acquire)(g_be.events[slot]);
+          }
+        }
+        g_be.recorded[slot] = record(g_be.events[slot], s, per_thread) == CUDA_SUCCESS;
+      }
+    }
+  }
+  pthread_mutex_unlock(&g_be.qmu);
+}
+
+// ---- one launch, either role ---------------------------------------------------------
+
+struct Launch {
+  std::uint64_t lc_seq = 0;
+  bool floor = false;
+};
+
+Launch before(CUstream s, bool per_thread, bool graph) noexcept {
+  Launch l;
+  switch (static_cast<Role>(g_role.load(std::memory_order_relaxed))) {
+    case Role::kLatencyCritical: l.lc_seq = lc_before(s, per_thread); break;
+    case Role::kBestEffort:
+      try {
+        l.floor = be_before(s, per_thread, graph);
+      } catch (const std::exception&) {
+        l.floor = true;  // the safe side
+      }
+      if (l.floor) g_floor_users.fetch_add(1, std::memory_order_acq_rel);
+      break;
+    case Role::kNone: break;
+  }
+  return l;
+}
+
+void after(const Launch& l, CUstream s, bool per_thread) noexcept {
+  switch (static_cast<Role>(g_role.load(std::memory_order_relaxed))) {
+    case Role::kLatencyCritical: lc_after(l.lc_seq, s, per_thread); break;
+    case Role::kBestEffort:
+      if (l.floor) g_floor_users.fetch_sub(1, std::memory_order_acq_rel);
+      be_after(s, per_thread);
+      break;
+    case Role::kNone: break;
+  }
+}
+
+// ---- the wrappers ----------------------------------------------------------------------
+
+enum Fn : unsigned { kLaunchKernel, kLaunchKernelPtsz, kLaunchKernelEx, kLaunchKernelExPtsz, kCoop, kCoopPtsz, kFnCount };
+constexpr const char* kNames[kFnCount] = {"cuLaunchKernel",   "cuLaunchKernel_ptsz",        "cuLaunchKernelEx",
+                                          "cuLaunchKernelEx_ptsz", "cuLaunchCooperativeKernel",
+                                          "cuLaunchCooperativeKernel_ptsz"};
+std::atomic<void*> g_real[kFnCount]{};
+
+template <class F>
+F real(Fn f) noexcept {
+  return reinterpret_cast<F>(g_real[f].load(std::memory_order_acquire));
+}
+
+using LaunchKernelFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                    CUstream, void**, void**);
+using LaunchKernelExFn = CUresult (*)(const CUlaunchConfig*, CUfunction, void**, void**);
+using CoopFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            CUstream, void**);
+
+template <Fn F, bool kPtsz>
+CUresult w_launch_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                         unsigned shm, CUstream s, void** params, void** extra) {
+  const Launch l = before(s, kPtsz, false);
+  const CUresult rc = real<LaunchKernelFn>(F)(f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+  after(l, s, kPtsz);
+  return rc;
+}
+
+template <Fn F, bool kPtsz>
+CUresult w_launch_kernel_ex(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) {
+  CUstream s = cfg != nullptr ? cfg->hStream : nullptr;
+  const Launch l = before(s, kPtsz, false);
+  const CUresult rc = real<LaunchKernelExFn>(F)(cfg, f, params, extra);
+  after(l, s, kPtsz);
+  return rc;
+}
+
+template <Fn F, bool kPtsz>
+CUresult w_coop(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                unsigned shm, CUstream s, void** params) {
+  const Launch l = before(s, kPtsz, false);
+  const CUresult rc = real<CoopFn>(F)(f, gx, gy, gz, bx, by, bz, shm, s, params);
+  after(l, s, kPtsz);
+  return rc;
+}
+
+template <class W>
+void* addr(W* w) noexcept {
+  void* p;
+  static_assert(sizeof p == sizeof w);
+  std::memcpy(&p, &w, sizeof p);
+  return p;
+}
+
+void* wrapper_of(unsigned f) noexcept {
+  switch (f) {
+    case kLaunchKernel: return addr(&w_launch_kernel<kLaunchKernel, false>);
+    case kLaunchKernelPtsz: return addr(&w_launch_kernel<kLaunchKernelPtsz, true>);
+    case kLaunchKernelEx: return addr(&w_launch_kernel_ex<kLaunchKernelEx, false>);
+    case kLaunchKernelExPtsz: return addr(&w_launch_kernel_ex<kLaunchKernelExPtsz, true>);
+    case kCoop: return addr(&w_coop<kCoop, false>);
+    case kCoopPtsz: return addr(&w_coop<kCoopPtsz, true>);
+    default: return nullptr;
+  }
+}
+
+}  // namespace
+
+void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) noexcept {
+  g_header_src.store(hdr, std::memory_order_release);
+  g_warn.store(w, std::memory_order_release);
+  if (r == Role::kNone || driver == nullptr) return;
+  load(g_drv.event_create, driver, "cuEventCreate");
+  load(g_drv.event_record, driver, "cuEventRecord");
+  load(g_drv.event_record_ptsz, driver, "cuEventRecord_ptsz");
+  load(g_drv.event_query, driver, "cuEventQuery");
+  load(g_drv.event_sync, driver, "cuEventSynchronize");
+  load(g_drv.is_capturing, driver, "cuStreamIsCapturing");
+  load(g_drv.is_capturing_ptsz, driver, "cuStreamIsCapturing_ptsz");
+  load(g_drv.ctx_get, driver, "cuCtxGetCurrent");
+  load(g_drv.ctx_set, driver, "cuCtxSetCurrent");
+  try {
+    if (r == Role::kLatencyCritical) {
+      g_lc.pool = new std::vector<DevicePartition>();
+      if (const char* v = option_value(Option::kBurstPool)) *g_lc.pool = decode_partitions(v);
+    } else {
+      g_be.peers = new std::vector<roles::Peer>();
+      g_be.hold_budget = new roles::BurstBudget(budget_params(roles::kHoldBudget));
+      const NumberValue d = number(Option::kBeDepth, 1, 1024, 16);
+      if (d.bad) warn("NVTASKSET_BE_DEPTH: not a number from 1 to 1024; using 16");
+      g_be.depth = static_cast<unsigned>(d.value);
+      // One event per `stride` launches, at most 64 events: the queue is
+      // bounded to `depth` launches, give or take one stride.
+      g_be.stride = (g_be.depth + 63) / 64;
+      if (g_be.stride == 0) g_be.stride = 1;
+      g_be.ring = (g_be.depth + g_be.stride - 1) / g_be.stride;
+      if (g_be.ring == 0) g_be.ring = 1;
+    }
+  } catch (const std::exception& e) {
+    warn((std::string(roles::role_name(r)) + ": " + e.what() + "; the task runs without its role").c_str());
+    return;
+  }
+  if (ctl::Header* h = header()) h->role.store(static_cast<std::uint32_t>(r), std::memory_order_relaxed);
+  g_role.store(static_cast<std::uint32_t>(r), std::memory_order_release);
+}
+
+Role role() noexcept { return static_cast<Role>(g_role.load(std::memory_order_acquire)); }
+
+void* wrap_export(const char* name, void* real_fn) noexcept {
+  if (role() == Role::kNone || real_fn == nullptr) return nullptr;
+  for (unsigned f = 0; f < kFnCount; ++f) {
+    if (std::strcmp(name, kNames[f]) != 0) continue;
+    g_real[f].store(real_fn, std::memory_order_release);
+    return wrapper_of(f);
+  }
+  return nullptr;
+}
+
+void hand_out(void** pfn) noexcept {
+  if (pfn == nullptr || *pfn == nullptr || role() == Role::kNone) return;
+  for (unsigned f = 0; f < kFnCount; ++f)
+    if (void* r = g_real[f].load(std::memory_order_acquire); r != nullptr && *pfn == r) {
+      *pfn = wrapper_of(f);
+      return;
+    }
+}
+
+std::uint64_t before_graph_launch(CUstream s, bool per_thread) noexcept {
+  return before(s, per_thread, true).lc_seq;  // a graph never runs on the floor
+}
+
+void after_graph_launch(std::uint64_t token, CUstream s, bool per_thread) noexcept {
+  Launch l;
+  l.lc_seq = token;
+  after(l, s, per_thread);
+}
+
+void adjust(unsigned slot, Bits128& enabled, std::uint32_t cluster_blocks) noexcept {
+  if (slot >= ctl::kMaxDevices) return;
+  switch (static_cast<Role>(g_role.load(std::memory_order_relaxed))) {
+    case Role::kLatencyCritical: {
+      Bits128 burst;
+      if (load_mask(slot, burst)) enabled = enabled | burst;
+      return;
+    }
+    case Role::kBestEffort: {
+      if (g_floor_users.load(std::memory_order_acquire) == 0) return;
+      if (cluster_blocks > 1) {
+        if (ctl::Header* h = header()) bump(h->floor_skipped);
+        return;
+      }
+      Bits128 reserved;
+      if (!load_mask(slot, reserved)) return;
+      const Bits128 floor = roles::floor_of(enabled, reserved);
+      if (floor.any()) enabled = floor;
+      else if (ctl::Header* h = header()) bump(h->floor_skipped);
+      return;
+    }
+    case Role::kNone: return;
+  }
+}
+
+void atfork_child() noexcept {
+  g_lc.mu = PTHREAD_MUTEX_INITIALIZER;
+  g_lc.file = nullptr;  // the parent's (its path stays the parent's to remove)
+  g_lc.beacon.store(nullptr, std::memory_order_relaxed);
+  g_lc.launches.store(0, std::memory_order_relaxed);
+  g_lc.started.store(false, std::memory_order_relaxed);
+  g_lc.failed.store(false, std::memory_order_relaxed);
+  g_lc.stop.store(false, std::memory_order_relaxed);
+  g_lc.ctx = nullptr;
+  for (auto& s : g_lc.slot_seq) s.store(0, std::memory_order_relaxed);
+  g_be.mu = PTHREAD_MUTEX_INITIALIZER;
+  g_be.qmu = PTHREAD_MUTEX_INITIALIZER;
+  g_be.ctx = nullptr;
+  g_be.ring_failed = false;
+  for (bool& r : g_be.recorded) r = false;
+  g_be.count = 0;
+  g_floor_users.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace nvtaskset::roles_shim
