@@ -25,7 +25,7 @@ _nvtaskset() {
     local cur prev
     cur=${COMP_WORDS[COMP_CWORD]}
     prev=${COMP_WORDS[COMP_CWORD-1]}
-    local opts="-t --tpc-list -g --gpc-list -n --count --spread --exclusive --partition-sm-count --hide-unallocated -p --pid -a --all-tasks -d --device
+    local opts="-t --tpc-list -g --gpc-list -n --count --spread --exclusive --latency-critical --best-effort --partition-sm-count --hide-unallocated -p --pid -a --all-tasks -d --device
                 --physical --no-mps --topology --json --calibrate --topology-file --system-wide --status --verify
                 --seed --show -v --verbose -h --help -V --version"
     case $prev in

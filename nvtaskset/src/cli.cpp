@@ -124,6 +124,7 @@ struct Request {
   SpecKind kind = SpecKind::kNone;
   std::string text;
   std::string count;  // -n COUNT (kind kTpcList, chosen by placement.hpp)
+  bool all = false;   // every TPC of the GPU (--best-effort without a list)
 };
 
 // What a new partition is checked and chosen against: the other live
@@ -135,6 +136,12 @@ struct Sharing {
   bool spread = false;
   bool exclusive = false;
   bool verbose = false;
+  // The launch's role (roles.hpp). A latency-critical reservation is
+  // exclusive but for best-effort tasks, which make way for it; a
+  // best-effort partition may overlap latency-critical reservations.
+  roles::Role role = roles::Role::kNone;
+  // --exclusive, or --latency-critical: what a refusal names.
+  const char* claim_name = "--exclusive";
   // --exclusive: live tasks whose kernels reach the driver around their
   // shim, and why; they run on every TPC whatever their entries say.
   std::map<pid_t, std::string> everywhere;
@@ -188,7 +195,7 @@ LogicalTpcSet choose_by_count(const Request& r, const topo::DeviceInfo& dev, con
     for (const Holder& h : others) holders.push_back(h.pid);
     const std::string free = std::to_string(req.pool.size()) + " of " + std::to_string(dev.tpc_count()) +
                              " TPCs of " + device_label(dev) + " are free (held by pid " + pid_list(holders) + ")";
-    if (sh.exclusive) throw Failure("-n " + r.count + " --exclusive: only " + free);
+    if (sh.exclusive) throw Failure("-n " + r.count + " " + sh.claim_name + ": only " + free);
     warnings->push_back("-n " + r.count + ": only " + free + "; sharing TPCs with them");
     req.pool = topo::all_tpcs(t);
   }
@@ -211,7 +218,7 @@ void check_sharing(const Partition& p, const topo::DeviceInfo& dev, const topo::
   if (!o.share_tpcs.empty()) {
     const std::string what = "TPCs " + format_list(o.common_tpcs.bits) + " of " + device_label(dev) +
                              " are held by pid " + pid_list(o.share_tpcs);
-    if (sh.exclusive) throw Failure(what + "; --exclusive refuses a partition that overlaps another");
+    if (sh.exclusive) throw Failure(what + "; " + sh.claim_name + " refuses a partition that overlaps another");
     warnings->push_back(what + ": the tasks share them");
     return;
   }
@@ -265,6 +272,12 @@ Partition build_partition(const Request& r, const topo::DeviceInfo& dev, Devices
   const std::vector<Holder> others = holders_on(sh.status, dev, devices.known_topology(dev), sh.exclude);
   switch (r.kind) {
     case SpecKind::kTpcList:
+      if (r.all) {
+        const topo::Topology& t = devices.topology(dev);
+        p.tpcs = topo::all_tpcs(t);
+        p.enabled = topo::to_physical(t, p.tpcs);
+        break;
+      }
       if (!r.count.empty()) {
         const topo::Topology& t = devices.topology(dev);
         p.tpcs = choose_by_count(r, dev, t, sh, others, warnings);
@@ -437,20 +450,37 @@ struct Options {
   bool verify = false;
   bool partition_sm_count = false;  // the task's MULTIPROCESSOR_COUNT is its partition's SMs
   std::optional<std::string> seed;  // --seed, with --verify
+  bool latency_critical = false;
+  bool best_effort = false;
+  roles::Role role = roles::Role::kNone;
 };
+
+// The entries a launch or change of role `role` counts as holders: a
+// latency-critical reservation does not count best-effort tasks (they make
+// way), and a best-effort partition does not count latency-critical ones
+// (it makes way for them). Everyone else counts everyone.
+std::vector<ctl::StatusEntry> visible_to(roles::Role role, std::vector<ctl::StatusEntry> status) {
+  if (role == roles::Role::kNone) return status;
+  const roles::Role other =
+      role == roles::Role::kLatencyCritical ? roles::Role::kBestEffort : roles::Role::kLatencyCritical;
+  std::erase_if(status, [&](const ctl::StatusEntry& e) { return e.role == other; });
+  return status;
+}
 
 // The sharing context of a launch or change: the public status of the other
 // tasks, as it was when the choice was made.
 Sharing sharing_for(const Options& o, std::set<pid_t> exclude) {
   Sharing sh;
-  sh.status = ctl::read_status();
+  sh.role = o.role;
+  sh.status = visible_to(sh.role, ctl::read_status());
   sh.exclude = std::move(exclude);
   sh.spread = o.spread;
-  sh.exclusive = o.exclusive;
+  sh.exclusive = o.exclusive || o.role == roles::Role::kLatencyCritical;
+  if (o.role == roles::Role::kLatencyCritical) sh.claim_name = "--latency-critical";
   sh.verbose = o.verbose;
   // Read from each task's maps (task_driver.hpp): only for --exclusive,
   // which must refuse them, and only where this user may read them.
-  if (o.exclusive)
+  if (sh.exclusive)
     for (const ctl::StatusEntry& e : sh.status)
       if (!sh.exclude.count(e.pid))
         if (const ctl::DriverUse u = ctl::task_driver_use(e.pid, std::nullopt);
@@ -517,7 +547,8 @@ std::vector<Choice> settle(Sharing& sh, Devices& devices, const Claim& c, std::v
   std::mt19937 rng(std::random_device{}());
   for (int attempt = 1;; ++attempt) {
     c.publish(chosen);
-    const Overlap raced = raced_with(chosen, changed_since(sh.status, ctl::read_status()), sh, devices);
+    const Overlap raced =
+        raced_with(chosen, changed_since(sh.status, visible_to(sh.role, ctl::read_status())), sh, devices);
     if (raced.share_tpcs.empty() && raced.share_gpcs.empty()) return chosen;
     spdlog::debug("choice {} raced with pid {} {}", attempt, pid_list(raced.share_tpcs), pid_list(raced.share_gpcs));
     if (attempt == kClaimTries) {
@@ -536,7 +567,7 @@ std::vector<Choice> settle(Sharing& sh, Devices& devices, const Claim& c, std::v
     // Random, growing waits: two racers rarely meet twice.
     std::uniform_int_distribution<int> wait_ms(1, 2 << attempt);
     std::this_thread::sleep_for(std::chrono::milliseconds(wait_ms(rng)));
-    sh.status = ctl::read_status();
+    sh.status = visible_to(sh.role, ctl::read_status());
     warnings->clear();
     chosen = c.plan();
   }
@@ -575,7 +606,10 @@ void check_syntax(const Options& o) {
     else check(r.kind, r.text);
   }
   // A mask given as the first positional, where do_launch and do_pid take one.
-  const bool wants_mask = o.requests.empty() || o.requests.back().kind == SpecKind::kNone;
+  // (--best-effort and --latency-critical take one only when it starts with 0x.)
+  const bool role_without_mask = o.role != roles::Role::kNone && o.requests.empty() && !o.positionals.empty() &&
+                                 !o.positionals[0].starts_with("0x") && !o.positionals[0].starts_with("0X");
+  const bool wants_mask = !role_without_mask && (o.requests.empty() || o.requests.back().kind == SpecKind::kNone);
   if (wants_mask && (o.pid_mode ? o.positionals.size() == 2 : !o.positionals.empty()))
     check(SpecKind::kTpcMask, o.positionals[0]);
 }
@@ -602,10 +636,54 @@ void check_mps_user(mps::OtherUsersCheck& check) {
   }
 }
 
+// What is left to a best-effort task while latency-critical tasks are
+// busy (its floor) must not be empty: it would have nowhere to run. So a
+// reservation that would leave a live best-effort task no TPC is refused,
+// and so is a best-effort partition inside the reservations.
+void check_roles(roles::Role role, const std::vector<Choice>& chosen, const Sharing& sh, Devices& devices) {
+  if (role == roles::Role::kNone) return;
+  const std::vector<ctl::StatusEntry> all = ctl::read_status();
+  for (const Choice& c : chosen) {
+    const topo::Topology* t = devices.known_topology(*c.dev);
+    const LogicalTpcSet mine = logical_view(c.partition, t);
+    LogicalTpcSet reserved;  // every latency-critical reservation on the GPU
+    std::vector<const ctl::StatusEntry*> best_effort;
+    for (const ctl::StatusEntry& e : all) {
+      if (sh.exclude.count(e.pid)) continue;
+      for (const DevicePartition& dp : e.partitions) {
+        if (!dp.partition.active() || (dp.device != c.dev->uuid && dp.device != kAnyDevice)) continue;
+        if (e.role == roles::Role::kLatencyCritical) reserved.bits = reserved.bits | logical_view(dp.partition, t).bits;
+        if (e.role == roles::Role::kBestEffort) best_effort.push_back(&e);
+      }
+    }
+    if (role == roles::Role::kBestEffort) {
+      if ((mine.bits & ~reserved.bits).none())
+        throw Failure("--best-effort: every TPC of " + format_list(mine.bits) + " of " + device_label(*c.dev) +
+                      " is reserved by a latency-critical task: it would have nowhere to run while they are busy");
+      continue;
+    }
+    reserved.bits = reserved.bits | mine.bits;
+    for (const ctl::StatusEntry* e : best_effort)
+      for (const DevicePartition& dp : e->partitions)
+        if (dp.partition.active() && (dp.device == c.dev->uuid || dp.device == kAnyDevice) &&
+            (logical_view(dp.partition, t).bits & ~reserved.bits).none())
+          throw Failure("--latency-critical: with TPCs " + format_list(mine.bits) + " reserved, best-effort pid " +
+                        std::to_string(e->pid) + " would have no TPC of " + device_label(*c.dev) +
+                        " left while latency-critical tasks are busy");
+  }
+}
+
 int do_launch(const Options& o, const std::vector<std::string>& env) {
   std::vector<Request> requests = o.requests;
   std::size_t first_cmd = 0;
-  if (requests.empty()) {
+  const bool mask_first = !o.positionals.empty() && o.positionals.size() > 1 &&
+                          (o.positionals[0].starts_with("0x") || o.positionals[0].starts_with("0X"));
+  if (requests.empty() && o.role == roles::Role::kBestEffort && !mask_first) {
+    // Best-effort without a list: every TPC, from which it makes way.
+    requests.push_back({"", SpecKind::kTpcList, "", "", true});
+  } else if (requests.empty() && o.role == roles::Role::kLatencyCritical && !mask_first) {
+    throw Failure("--latency-critical needs the TPCs to reserve: -n COUNT, -t LIST, -g LIST or a MASK");
+  } else if (requests.empty()) {
     if (o.positionals.empty()) throw Failure("no TPC mask or list given (see --help)");
     requests.push_back({"", SpecKind::kTpcMask, o.positionals[0], ""});
     first_cmd = 1;
@@ -656,6 +734,7 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
     return chosen;
   };
   std::vector<Choice> chosen = plan();
+  check_roles(o.role, chosen, sh, devices);
   devices.restore_environment();
   if (users_check) {
     const mps::EnsureResult r = mps::ensure_daemon();
@@ -676,7 +755,7 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
   std::string unlisted;
   const Claim claim{plan,
                     [&](const std::vector<Choice>& c) {
-                      const std::string why = ctl::publish_status(::getpid(), entry(c));
+                      const std::string why = ctl::publish_status(::getpid(), entry(c), o.role);
                       if (why.empty()) {
                         unlisted.clear();
                         return;
@@ -696,8 +775,24 @@ int do_launch(const Options& o, const std::vector<std::string>& env) {
     spdlog::warn("this task has no status entry ({}): --status does not list it, and other -n or --exclusive "
                  "launches may choose its TPCs",
                  printable(unlisted, 160));
+  TaskRole tr;
+  tr.role = o.role;
+  if (o.role == roles::Role::kLatencyCritical) {
+    // What it may burst onto: every working TPC of each of its GPUs (the
+    // shim takes away what other partitions hold, as they come and go).
+    std::vector<DevicePartition> pool;
+    for (const Choice& c : chosen) {
+      const topo::Topology& t = devices.topology(*c.dev);
+      Partition whole;
+      whole.kind = SpecKind::kTpcList;
+      whole.tpcs = topo::all_tpcs(t);
+      whole.enabled = topo::to_physical(t, whole.tpcs);
+      pool.push_back({c.dev->uuid, whole, describe_device(*c.dev)});
+    }
+    tr.burst_pool = encode_partitions(pool);
+  }
   exec_task(cmd, task_environment(env, shim_dir, encode_partitions(parts), devices.driver_path(),
-                                  o.partition_sm_count, !o.no_mps));
+                                  o.partition_sm_count, !o.no_mps, tr));
 }
 
 // --verify (verify.hpp) checks partitions of its own on one GPU.
@@ -915,7 +1010,7 @@ void carry_out(const TaskPlan& plan, bool query, Devices& devices) {
     // published before the change stays: it holds the old and the new TPCs,
     // so no chooser takes either, and the next reader that can attach the
     // region repairs it (repair_entry).
-    if (const std::string why = ctl::publish_status(pid, plan.region->read_all()); !why.empty())
+    if (const std::string why = ctl::publish_status(pid, plan.region->read_all(), role_in(*plan.region)); !why.empty())
       spdlog::warn("pid {}: its status entry still lists its TPCs before and after the change: {}", pid,
                    printable(why, 160));
   }
@@ -1045,7 +1140,7 @@ int do_pid(const Options& o) {
         parts.push_back(next);
       }
     }
-    return ctl::publish_status(p.pid, parts);
+    return ctl::publish_status(p.pid, parts, role_in(*p.region));
   };
   std::vector<std::string> raced;  // said when choices kept racing
   if (!query) {
@@ -1148,6 +1243,7 @@ std::string environment_help() {
     if (!d.for_users || d.kind == OptionKind::kInternal) continue;
     out += std::string("  ") + d.name;
     if (d.kind == OptionKind::kChoice) out += std::string("=") + d.choices;
+    if (d.kind == OptionKind::kNumber) out += std::string("=N (") + d.choices + ")";
     out += std::string("\n      ") + d.help + "\n";
   }
   return out + "  CUDA_MPS_PIPE_DIRECTORY, CUDA_MPS_LOG_DIRECTORY\n      where the MPS daemon is looked for and started\n";
@@ -1191,7 +1287,7 @@ constexpr const char* kCopyConnectionsEnv = "CUDA_DEVICE_MAX_COPY_CONNECTIONS";
 
 std::vector<std::string> task_environment(std::vector<std::string> env, const std::string& shim_dir,
                                           const std::string& partitions, const std::string& real_driver,
-                                          bool partition_sm_count, bool mps_client) {
+                                          bool partition_sm_count, bool mps_client, const TaskRole& role) {
   auto find = [&](const std::string& name) -> std::string* {
     for (auto& e : env)
       if (e.size() > name.size() && e.compare(0, name.size(), name) == 0 && e[name.size()] == '=') return &e;
@@ -1203,6 +1299,15 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   };
   set(kPartitionEnv, partitions);
   set(kPartitionPidEnv, std::to_string(::getpid()));  // exec keeps our PID
+  std::erase_if(env, [](const std::string& e) {
+    for (const Option o : {Option::kRole, Option::kBurstPool}) {
+      const std::string name = std::string(option(o).name) + "=";
+      if (e.starts_with(name)) return true;
+    }
+    return false;
+  });
+  if (role.role != roles::Role::kNone) set(option(Option::kRole).name, roles::role_name(role.role));
+  if (!role.burst_pool.empty()) set(option(Option::kBurstPool).name, role.burst_pool);
   // Prepend, never overwrite: the task may need its own library path.
   if (std::string* e = find("LD_LIBRARY_PATH"); e && e->size() > std::strlen("LD_LIBRARY_PATH=")) {
     *e = "LD_LIBRARY_PATH=" + shim_dir + ":" + e->substr(std::strlen("LD_LIBRARY_PATH="));
@@ -1285,6 +1390,14 @@ int run(int argc, char** argv) {
   app.add_flag("--exclusive", o.exclusive,
                "fail if the partition would share TPCs with another live partition on the GPU, or if its "
                "status entry cannot be written (other launches could not see it)");
+  app.add_flag("--latency-critical", o.latency_critical,
+               "reserve the TPCs given (-n, -t, -g or a mask) for the command, exclusively but for best-effort "
+               "tasks, which make way while it has work; it may use every TPC no other partition holds while it "
+               "has work");
+  app.add_flag("--best-effort", o.best_effort,
+               "run the command on all TPCs (or those given) while every latency-critical task is idle; while one "
+               "has work, its new kernels wait, or run on the TPCs no reservation holds; it keeps at most "
+               "NVTASKSET_BE_DEPTH launches queued");
   app.add_flag("-a,--all-tasks", o.all_tasks, "with -p: the task and every process it started that runs under nvtaskset");
   app.add_flag("--status", o.status, "list every partitioned task on this machine (with --json: as JSON)");
   app.add_flag("-v,--verbose", o.verbose, "say which TPCs -n chose");
@@ -1370,6 +1483,16 @@ int run(int argc, char** argv) {
       throw Failure("unrecognized option '" + printable(o.positionals.front()) + "' (see --help)");
     }
 
+    if (o.latency_critical && o.best_effort) throw Failure("--latency-critical and --best-effort exclude each other");
+    o.role = o.latency_critical ? roles::Role::kLatencyCritical
+             : o.best_effort    ? roles::Role::kBestEffort
+                                : roles::Role::kNone;
+    if (o.role != roles::Role::kNone &&
+        (o.pid_mode || o.status || o.verify || o.show_topology || o.calibrate || !o.system_wide.empty()))
+      throw Failure(std::string("--") + roles::role_name(o.role) + " goes with a launch: a task's role is set when "
+                    "it starts");
+    if (o.role == roles::Role::kBestEffort && o.exclusive)
+      throw Failure("--best-effort and --exclusive exclude each other: a best-effort task shares its TPCs");
     if (!o.show.empty() && !o.pid_mode) throw Failure("--show goes with -p");
     if (o.seed && !o.verify) throw Failure("--seed goes with --verify");
     if (o.all_tasks && !o.pid_mode) throw Failure("-a goes with -p");

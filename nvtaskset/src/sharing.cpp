@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "nvtaskset/sharing.hpp"
 
+#include <time.h>
+
 #include <fcntl.h>
 #include <pwd.h>
 #include <unistd.h>
@@ -193,7 +195,7 @@ bool repair_entry(ctl::StatusEntry& e, ctl::Region& region) {
   bool repaired = false;
   try {
     truth = region.read_all();  // as it is under the lock
-    if (truth != e.partitions && ctl::publish_status(e.pid, truth).empty()) {
+    if (truth != e.partitions && ctl::publish_status(e.pid, truth, e.role).empty()) {
       e.partitions = truth;
       repaired = true;
     }
@@ -201,6 +203,19 @@ bool repair_entry(ctl::StatusEntry& e, ctl::Region& region) {
   }
   if (!held) region.unlock();
   return repaired;
+}
+
+namespace {
+std::uint64_t monotonic_ns() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+}  // namespace
+
+roles::Role role_in(const ctl::Region& region) {
+  const std::uint32_t r = region.header().role.load(std::memory_order_relaxed);
+  return r <= static_cast<std::uint32_t>(roles::Role::kBestEffort) ? static_cast<roles::Role>(r) : roles::Role::kNone;
 }
 
 int print_status(Devices& devices, bool json) {
@@ -266,12 +281,20 @@ int print_status(Devices& devices, bool json) {
       rows.push_back({&e, &dp, dev, t, logical_view(dp.partition, t)});
     }
   }
-  // Overlaps among rows on the same GPU.
+  // The latency-critical tasks' beacons (roles.hpp): their controllers' state.
+  std::map<pid_t, roles::Peer> beacons;
+  for (const roles::Peer& p : roles::scan_beacons(0, {})) beacons[p.pid] = p;
+  // Overlaps among rows on the same GPU. A best-effort task borrows the
+  // reservations of latency-critical tasks by design: not an overlap.
+  auto by_design = [](const ctl::StatusEntry& a, const ctl::StatusEntry& b) {
+    return (a.role == roles::Role::kBestEffort && b.role == roles::Role::kLatencyCritical) ||
+           (a.role == roles::Role::kLatencyCritical && b.role == roles::Role::kBestEffort);
+  };
   std::map<std::size_t, std::vector<pid_t>> share_tpcs, share_gpcs;
   for (std::size_t i = 0; i < rows.size(); ++i) {
     std::vector<Holder> others;
     for (std::size_t j = 0; j < rows.size(); ++j)
-      if (j != i && rows[j].e->pid != rows[i].e->pid &&
+      if (j != i && rows[j].e->pid != rows[i].e->pid && !by_design(*rows[i].e, *rows[j].e) &&
           (rows[j].dp->device == rows[i].dp->device || rows[j].dp->device == kAnyDevice ||
            rows[i].dp->device == kAnyDevice))
         others.push_back({rows[j].e->pid, rows[j].e->uid, rows[j].tpcs});
@@ -281,7 +304,7 @@ int print_status(Devices& devices, bool json) {
   }
   nlohmann::json jt = nlohmann::json::array();
   std::vector<std::vector<std::string>> table;
-  table.push_back({"PID", "USER", "GPU", "TPCS", "GPCS", "SMS", "KERNELS", "GRAPHS", "CLUSTER", "COMMAND"});
+  table.push_back({"PID", "USER", "GPU", "TPCS", "GPCS", "SMS", "ROLE", "KERNELS", "GRAPHS", "CLUSTER", "COMMAND"});
   std::vector<std::string> notes;
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
@@ -319,6 +342,68 @@ int print_status(Devices& devices, bool json) {
       counters = {{"kernels_launched", k}, {"graphs_following", gf}, {"graphs_not_following", gn},
                   {"max_cluster", mc}};
     }
+    // The role, and what its controller (latency-critical: the beacon,
+    // public) or its shim (best-effort: the region, owner-only) does now.
+    std::string role = "-";
+    nlohmann::json controller = nullptr;
+    if (r.e->role == roles::Role::kLatencyCritical) {
+      role = "lc";
+      if (const auto b = beacons.find(pid); b != beacons.end()) {
+        const roles::Beacon& bc = *b->second.beacon;
+        const roles::LcSnapshot snap = roles::snapshot(bc);
+        const std::uint64_t now = monotonic_ns();
+        const bool stale = now > snap.heartbeat_ns && now - snap.heartbeat_ns > roles::kStaleNs;
+        const char* state = stale ? "stale"
+                             : snap.launches == snap.completed
+                                 ? "idle"
+                                 : bc.state.load(std::memory_order_relaxed) ==
+                                           static_cast<std::uint32_t>(roles::LcState::kSaturated)
+                                       ? "saturated"
+                                       : "bursting";
+        role += std::string(":") + state;
+        std::vector<roles::DeviceView> views;
+        std::string burst;
+        if (roles::read_devices(bc, views))
+          for (const roles::DeviceView& v : views)
+            if (v.uuid == r.dp->device || r.dp->device == kAnyDevice) {
+              const LogicalTpcSet l = r.t ? topo::logical_of_physical(*r.t, PhysicalTpcMask{v.burst}) : LogicalTpcSet{};
+              burst = l.empty() ? "physical " + v.burst.to_hex() : format_list(l.bits);
+            }
+        controller = {{"state", state},
+                      {"may_burst", snap.may_burst},
+                      {"launches", snap.launches},
+                      {"busy_periods", bc.busy_periods.load(std::memory_order_relaxed)},
+                      {"busy_ms", static_cast<double>(bc.busy_ns.load(std::memory_order_relaxed)) / 1e6},
+                      {"saturations", bc.saturations.load(std::memory_order_relaxed)},
+                      {"burst_tpcs", burst}};
+        if (stale)
+          notes.push_back("pid " + std::to_string(pid) + "'s controller has not run for " +
+                          std::to_string((now - snap.heartbeat_ns) / 1'000'000) +
+                          " ms (stopped or hung): best-effort tasks keep off its reservation and do not wait for it");
+      } else {
+        role += ":unstarted";  // no beacon yet: the task has not launched a kernel
+        controller = {{"state", "unstarted"}};
+      }
+    } else if (r.e->role == roles::Role::kBestEffort) {
+      role = "be";
+      if (const auto it = regions.find(pid); it != regions.end() && it->second != nullptr) {
+        const ctl::Header& h = it->second->header();
+        const std::uint32_t st = h.role_state.load(std::memory_order_relaxed);
+        const char* state = st == 1 ? "holding" : st == 2 ? "floor" : "running";
+        role += std::string(":") + state;
+        auto r64 = [](const std::atomic<std::uint64_t>& a) { return a.load(std::memory_order_relaxed); };
+        controller = {{"state", state},
+                      {"launches_held", r64(h.launches_held)},
+                      {"held_ms", static_cast<double>(r64(h.held_ns)) / 1e6},
+                      {"launches_on_floor", r64(h.launches_on_floor)},
+                      {"queue_waits", r64(h.queue_waits)},
+                      {"floor_skipped", r64(h.floor_skipped)}};
+        if (r64(h.floor_skipped) != 0 && (i == 0 || rows[i - 1].e->pid != pid))
+          notes.push_back("pid " + std::to_string(pid) + " ran " + std::to_string(r64(h.floor_skipped)) +
+                          " kernels with thread-block clusters on its whole partition while a latency-critical "
+                          "task was busy (its floor may not host their clusters)");
+      }
+    }
     const ctl::DriverUse& u = use[pid];
     const bool bypassed = u.state == ctl::DriverUse::State::kBypassed;
     const std::string tpcs = r.tpcs.empty() ? "physical " + r.dp->partition.enabled.bits.to_hex()
@@ -329,7 +414,7 @@ int print_status(Devices& devices, bool json) {
     const std::string user = user_name(r.e->uid);
     const std::vector<std::string> argv = argv_of(pid);
     table.push_back({std::to_string(pid), user, gpu, bypassed ? "UNPARTITIONED" : tpcs, gpcs, std::to_string(sms),
-                     kernels, graphs, cluster, table_command(argv)});
+                     role, kernels, graphs, cluster, table_command(argv)});
     for (pid_t other : share_tpcs[i])
       if (other > pid) notes.push_back("pids " + std::to_string(pid) + " and " + std::to_string(other) + " share TPCs");
     for (pid_t other : share_gpcs[i])
@@ -347,6 +432,9 @@ int print_status(Devices& devices, bool json) {
       j["gpcs_touched"] = touched;
     }
     if (!counters.is_null()) j.update(counters);
+    // "role": the fixed names of the options, or null.
+    j["role"] = r.e->role == roles::Role::kNone ? nlohmann::json(nullptr) : nlohmann::json(roles::role_name(r.e->role));
+    if (!controller.is_null()) j["controller"] = controller;
     // "tpcs" is what nvtaskset set; "partitioned" says whether the task's
     // kernels get it, "verified" whether its maps could be read to tell.
     j["partitioned"] = !bypassed;

@@ -2,6 +2,8 @@
 // The nvtaskset command line, as a library so tests and benchmarks can run it.
 #pragma once
 
+#include "nvtaskset/roles.hpp"
+
 #include <string>
 #include <vector>
 
@@ -23,8 +25,16 @@ std::string find_shim_dir(const std::string& exe_path);
 // already set and CUDA_DEVICE_MAX_COPY_CONNECTIONS=2 unless either is set, and
 // NVTASKSET_REAL_LIBCUDA pinned to the driver the CLI found, and
 // NVTASKSET_SM_COUNT=partition with `partition_sm_count`.
+// With a role (roles.hpp), NVTASKSET_ROLE and, for a latency-critical task,
+// NVTASKSET_BURST_POOL; without one, neither (a launch from inside a task
+// with a role does not inherit it).
+struct TaskRole {
+  roles::Role role = roles::Role::kNone;
+  std::string burst_pool;  // encode_partitions() of every working TPC per GPU
+};
 std::vector<std::string> task_environment(std::vector<std::string> env, const std::string& shim_dir,
                                           const std::string& partitions, const std::string& real_driver,
-                                          bool partition_sm_count = false, bool mps_client = true);
+                                          bool partition_sm_count = false, bool mps_client = true,
+                                          const TaskRole& role = {});
 
 }  // namespace nvtaskset::cli

@@ -31,6 +31,9 @@ std::vector<Holder> holders_on(const std::vector<ctl::StatusEntry>& status, cons
 
 LogicalTpcSet held_by(const std::vector<Holder>& holders);
 
+// The role a task's shim runs (its region's header), kNone when unknown.
+roles::Role role_in(const ctl::Region& region);
+
 // The TPCs a partition holds: its logical view, or for a physical mask its
 // translation through `t` (empty when the layout is unknown).
 LogicalTpcSet logical_view(const Partition& p, const topo::Topology* t);
