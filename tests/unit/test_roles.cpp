@@ -1,0 +1,668 @@
+// SPDX-License-Identifier: Apache-2.0
+// The latency-critical / best-effort protocol (control/include/nvtaskset/roles.hpp):
+// the burst budget on recorded traces of (time, busy) samples, the
+// best-effort decision, the floor, and the beacons as files: created,
+// read back, found by another process's scan, and refused when they are
+// not what a live latency-critical task would have written.
+#include "nvtaskset/roles.hpp"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "nvtaskset/control_region.hpp"
+
+namespace fs = std::filesystem;
+
+namespace nvtaskset::roles {
+namespace {
+
+constexpr std::uint64_t kMs = 1'000'000;
+// Traces start well after 0, as CLOCK_MONOTONIC does.
+constexpr std::uint64_t kT0 = 10'000 * kMs;
+
+// ---- names ---------------------------------------------------------------------------
+
+TEST(RoleNames, RoundTrip) {
+  for (Role r : {Role::kNone, Role::kLatencyCritical, Role::kBestEffort}) {
+    const auto back = parse_role(role_name(r));
+    ASSERT_TRUE(back.has_value()) << role_name(r);
+    EXPECT_EQ(*back, r);
+  }
+  EXPECT_STREQ(role_name(Role::kLatencyCritical), "latency-critical");
+  EXPECT_STREQ(role_name(Role::kBestEffort), "best-effort");
+  EXPECT_FALSE(parse_role("lc").has_value());
+  EXPECT_FALSE(parse_role("Best-Effort").has_value());
+}
+
+// ---- the burst budget ----------------------------------------------------------------
+
+// A recorded trace: the controller's passes, each saying whether the task
+// was busy since the previous one.
+struct Sample {
+  std::uint64_t t;
+  bool busy;
+};
+
+// Busy for `busy_ms`, then idle for `idle_ms`, repeated `periods` times,
+// sampled every millisecond from `start`.
+std::vector<Sample> duty_cycle(std::uint64_t start, unsigned busy_ms, unsigned idle_ms, unsigned periods) {
+  std::vector<Sample> out;
+  std::uint64_t t = start;
+  for (unsigned p = 0; p < periods; ++p) {
+    for (unsigned i = 0; i < busy_ms; ++i) out.push_back({t += kMs, true});
+    for (unsigned i = 0; i < idle_ms; ++i) out.push_back({t += kMs, false});
+  }
+  return out;
+}
+
+TEST(BurstBudget, LightLoadKeepsBursting) {
+  // 5 ms of work every 50 ms (10%) for 4 s: never stopped.
+  BurstBudget b;
+  b.advance(kT0, false);
+  for (const Sample& s : duty_cycle(kT0, 5, 45, 80)) {
+    b.advance(s.t, s.busy);
+    ASSERT_TRUE(b.may_burst()) << "stopped at t=" << (s.t - kT0) / kMs << " ms, share " << b.share();
+  }
+  EXPECT_EQ(b.saturations(), 0u);
+  EXPECT_LT(b.share(), 0.2);
+  EXPECT_GT(b.share(), 0.0);
+}
+
+TEST(BurstBudget, ShortBurstsBelowTheLimitNeverStop) {
+  // 90 ms busy (under the 100 ms limit), then 400 ms idle: the share peaks
+  // at 1 - exp(-90/200) = 0.36, under the stop share.
+  BurstBudget b;
+  b.advance(kT0, false);
+  for (const Sample& s : duty_cycle(kT0, 90, 400, 10)) {
+    b.advance(s.t, s.busy);
+    ASSERT_TRUE(b.may_burst()) << "stopped at t=" << (s.t - kT0) / kMs << " ms";
+  }
+  EXPECT_EQ(b.saturations(), 0u);
+}
+
+TEST(BurstBudget, OneBusyPeriodOfMaxBurstStopsItOnce) {
+  BurstBudget b;
+  b.advance(kT0, false);
+  // Busy from kT0 on: the period began at the previous pass.
+  for (unsigned ms = 1; ms < 100; ++ms) {
+    b.advance(kT0 + ms * kMs, true);
+    ASSERT_TRUE(b.may_burst()) << ms << " ms busy";
+  }
+  // The share is only 1 - exp(-0.5) = 0.39 here: the period's length stops it.
+  EXPECT_LT(b.share(), BudgetParams{}.stop_share);
+  b.advance(kT0 + 100 * kMs, true);
+  EXPECT_FALSE(b.may_burst());
+  EXPECT_EQ(b.saturations(), 1u);
+  // Still busy: stays stopped, counted once.
+  for (unsigned ms = 101; ms <= 1000; ++ms) b.advance(kT0 + ms * kMs, true);
+  EXPECT_FALSE(b.may_burst());
+  EXPECT_EQ(b.saturations(), 1u);
+  EXPECT_GT(b.share(), 0.99);
+}
+
+TEST(BurstBudget, OneLongSampleCountsAsOneBusyPeriod) {
+  // A controller that did not pass for 150 ms finds the task busy: the
+  // whole interval was one busy period.
+  BurstBudget b;
+  b.advance(kT0, false);
+  b.advance(kT0 + 150 * kMs, true);
+  EXPECT_FALSE(b.may_burst());
+  EXPECT_EQ(b.saturations(), 1u);
+}
+
+TEST(BurstBudget, AHighShareStopsItWithoutALongPeriod) {
+  // 60 ms busy, 20 ms idle: no period reaches 100 ms, but the share tends
+  // to 0.75 and passes the stop share.
+  BurstBudget b;
+  b.advance(kT0, false);
+  bool stopped = false;
+  for (const Sample& s : duty_cycle(kT0, 60, 20, 20)) {
+    b.advance(s.t, s.busy);
+    if (!b.may_burst()) {
+      stopped = true;
+      EXPECT_TRUE(s.busy) << "stopped while idle";
+      EXPECT_GT(b.share(), BudgetParams{}.stop_share);
+      break;
+    }
+  }
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(b.saturations(), 1u);
+}
+
+TEST(BurstBudget, ResumesOnlyWhenIdleAndTheShareIsBelowResume) {
+  BurstBudget b;
+  b.advance(kT0, false);
+  std::uint64_t t = kT0;
+  for (unsigned ms = 0; ms < 1000; ++ms) b.advance(t += kMs, true);  // share ~0.99
+  ASSERT_FALSE(b.may_burst());
+  // Idle: the share decays as exp(-t/200 ms) and falls below 0.35 after
+  // 200 ms * ln(0.993 / 0.35) = 208 ms, not before.
+  for (unsigned ms = 1; ms <= 200; ++ms) {
+    b.advance(t += kMs, false);
+    ASSERT_FALSE(b.may_burst()) << ms << " ms idle, share " << b.share();
+  }
+  EXPECT_GE(b.share(), BudgetParams{}.resume_share);
+  for (unsigned ms = 201; ms <= 250; ++ms) b.advance(t += kMs, false);
+  EXPECT_TRUE(b.may_burst()) << "share " << b.share();
+  EXPECT_LT(b.share(), BudgetParams{}.resume_share);
+  EXPECT_EQ(b.saturations(), 1u);
+  // A second long busy period stops it again, counted.
+  for (unsigned ms = 0; ms < 120; ++ms) b.advance(t += kMs, true);
+  EXPECT_FALSE(b.may_burst());
+  EXPECT_EQ(b.saturations(), 2u);
+}
+
+TEST(BurstBudget, BusyNeverResumesEvenWithALowShare) {
+  // A short limit stops bursting with the share still low (1 - exp(-10/200)
+  // = 0.05, below the resume share): while busy it stays stopped; the first
+  // idle pass lets it burst again.
+  BudgetParams p;
+  p.max_burst_ns = 10 * kMs;
+  BurstBudget b(p);
+  b.advance(kT0, false);
+  std::uint64_t t = kT0;
+  for (unsigned ms = 0; ms < 10; ++ms) b.advance(t += kMs, true);
+  ASSERT_FALSE(b.may_burst());
+  ASSERT_LT(b.share(), p.resume_share);
+  for (unsigned ms = 0; ms < 5; ++ms) {
+    b.advance(t += kMs, true);
+    ASSERT_FALSE(b.may_burst());
+  }
+  b.advance(t += kMs, false);
+  EXPECT_TRUE(b.may_burst());
+  EXPECT_EQ(b.saturations(), 1u);
+  // And a new busy period is measured from its own start.
+  for (unsigned ms = 1; ms < 10; ++ms) {
+    b.advance(t += kMs, true);
+    ASSERT_TRUE(b.may_burst()) << ms;
+  }
+  b.advance(t += kMs, true);
+  EXPECT_FALSE(b.may_burst());
+  EXPECT_EQ(b.saturations(), 2u);
+}
+
+TEST(BurstBudget, TheHoldBudgetBoundsAWaitingBestEffortTask) {
+  // The budget a best-effort task holds under: at most 100 ms in a row.
+  BurstBudget b(kHoldBudget);
+  b.advance(kT0, false);
+  std::uint64_t t = kT0;
+  unsigned held = 0;
+  while (b.may_burst() && held < 1000) {
+    b.advance(t += kMs, true);
+    ++held;
+  }
+  EXPECT_EQ(held, 100u);
+}
+
+TEST(BurstBudget, TimeGoingBackCountsAsNoTime) {
+  BurstBudget b;
+  b.advance(kT0, true);
+  b.advance(kT0 + 50 * kMs, true);
+  const double s = b.share();
+  b.advance(kT0 + 10 * kMs, true);  // earlier than the last pass
+  EXPECT_DOUBLE_EQ(b.share(), s);
+  EXPECT_TRUE(b.may_burst());
+}
+
+// ---- the best-effort decision ------------------------------------------------------
+
+constexpr std::uint64_t kNow = 50'000 * kMs;
+
+LcSnapshot idle() { return {7, 7, kNow - kMs, true}; }
+LcSnapshot bursting() { return {8, 7, kNow - kMs, true}; }
+LcSnapshot saturated() { return {8, 7, kNow - kMs, false}; }
+LcSnapshot stale_of(LcSnapshot s) {
+  s.heartbeat_ns = kNow - kStaleNs - kMs;
+  return s;
+}
+
+TEST(BeAction, OneLatencyCriticalTask) {
+  EXPECT_EQ(be_action({}, kNow), BeAction::kRun);
+  EXPECT_EQ(be_action({idle()}, kNow), BeAction::kRun);
+  // An idle task that may not burst (it used its budget earlier) is idle.
+  LcSnapshot idle_stopped = idle();
+  idle_stopped.may_burst = false;
+  EXPECT_EQ(be_action({idle_stopped}, kNow), BeAction::kRun);
+  EXPECT_EQ(be_action({bursting()}, kNow), BeAction::kHold);
+  EXPECT_EQ(be_action({saturated()}, kNow), BeAction::kFloor);
+}
+
+TEST(BeAction, AStaleControllerMeansTheFloorWhateverItSays) {
+  EXPECT_EQ(be_action({stale_of(bursting())}, kNow), BeAction::kFloor);
+  EXPECT_EQ(be_action({stale_of(saturated())}, kNow), BeAction::kFloor);
+  EXPECT_EQ(be_action({stale_of(idle())}, kNow), BeAction::kFloor);
+  // A controller that never passed (heartbeat 0) is stale too.
+  LcSnapshot never = bursting();
+  never.heartbeat_ns = 0;
+  EXPECT_EQ(be_action({never}, kNow), BeAction::kFloor);
+  // Exactly kStaleNs old is not stale yet; a heartbeat "ahead" of the
+  // reader's clock (read just before it was written) is fresh.
+  LcSnapshot edge = bursting();
+  edge.heartbeat_ns = kNow - kStaleNs;
+  EXPECT_EQ(be_action({edge}, kNow), BeAction::kHold);
+  LcSnapshot ahead = bursting();
+  ahead.heartbeat_ns = kNow + kMs;
+  EXPECT_EQ(be_action({ahead}, kNow), BeAction::kHold);
+}
+
+TEST(BeAction, SeveralLatencyCriticalTasksHoldWins) {
+  EXPECT_EQ(be_action({idle(), idle()}, kNow), BeAction::kRun);
+  EXPECT_EQ(be_action({idle(), saturated()}, kNow), BeAction::kFloor);
+  EXPECT_EQ(be_action({saturated(), bursting()}, kNow), BeAction::kHold);
+  EXPECT_EQ(be_action({bursting(), saturated()}, kNow), BeAction::kHold);
+  EXPECT_EQ(be_action({stale_of(bursting()), bursting()}, kNow), BeAction::kHold);
+  EXPECT_EQ(be_action({bursting(), stale_of(idle())}, kNow), BeAction::kHold);
+  EXPECT_EQ(be_action({idle(), stale_of(idle())}, kNow), BeAction::kFloor);
+  EXPECT_EQ(be_action({stale_of(idle()), idle()}, kNow), BeAction::kFloor);
+  EXPECT_EQ(be_action({idle(), saturated(), idle()}, kNow), BeAction::kFloor);
+}
+
+TEST(BeAction, SnapshotReadsTheBeacon) {
+  alignas(64) static unsigned char page[kBeaconBytes] = {};
+  auto* b = reinterpret_cast<Beacon*>(page);
+  b->launches.store(12);
+  b->completed.store(11);
+  b->heartbeat_ns.store(kNow);
+  b->may_burst.store(1);
+  const LcSnapshot s = snapshot(*b);
+  EXPECT_EQ(s.launches, 12u);
+  EXPECT_EQ(s.completed, 11u);
+  EXPECT_EQ(s.heartbeat_ns, kNow);
+  EXPECT_TRUE(s.may_burst);
+  EXPECT_EQ(be_action({s}, kNow), BeAction::kHold);
+  b->may_burst.store(0);
+  EXPECT_EQ(be_action({snapshot(*b)}, kNow), BeAction::kFloor);
+  b->completed.store(12);
+  EXPECT_EQ(be_action({snapshot(*b)}, kNow), BeAction::kRun);
+}
+
+TEST(FloorOf, PartitionMinusReservations) {
+  EXPECT_EQ(floor_of(Bits128{0xff, 0}, Bits128{0x03, 0}), (Bits128{0xfc, 0}));
+  EXPECT_EQ(floor_of(Bits128{0xff, 0x1}, Bits128{0x0, 0x1}), (Bits128{0xff, 0}));
+  EXPECT_EQ(floor_of(Bits128{0xf0, 0}, Bits128{0x0f, 0}), (Bits128{0xf0, 0}));
+  EXPECT_TRUE(floor_of(Bits128{0x3, 0}, Bits128{0xff, 0}).none());
+  EXPECT_EQ(floor_of(Bits128{~0ull, ~0ull}, Bits128{}), (Bits128{~0ull, ~0ull}));
+  // What reserved_on answers for an unreadable slot leaves no floor.
+  EXPECT_TRUE(floor_of(Bits128{~0ull, ~0ull}, Bits128{~0ull, ~0ull}).none());
+}
+
+// ---- beacons ----------------------------------------------------------------------------
+
+class Beacons : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/nvtaskset-roles-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    ::chmod(dir_.c_str(), 01777);  // as /dev/shm
+    if (const char* old = std::getenv("NVTASKSET_STATUS_DIR")) old_ = old;
+    ::setenv("NVTASKSET_STATUS_DIR", dir_.c_str(), 1);
+  }
+  void TearDown() override {
+    for (pid_t c : children_) {
+      ::kill(c, SIGKILL);
+      ::waitpid(c, nullptr, 0);
+    }
+    if (old_.empty()) ::unsetenv("NVTASKSET_STATUS_DIR");
+    else ::setenv("NVTASKSET_STATUS_DIR", old_.c_str(), 1);
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  std::vector<std::string> beacon_names() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir_))
+      if (e.path().filename().string().starts_with("nvtaskset-beacon.")) out.push_back(e.path().filename().string());
+    return out;
+  }
+
+  // A child that stays alive until killed; with `with_beacon` it creates
+  // its own beacon first (in this test's directory) and writes its path
+  // to us. Returns its pid; `path` gets the beacon's path.
+  pid_t start_child(bool with_beacon, std::string* path = nullptr) {
+    int fds[2];
+    if (::pipe(fds) != 0) return -1;
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(fds[0]);
+      std::string msg = "-";
+      std::unique_ptr<BeaconFile> f;
+      if (with_beacon) {
+        try {
+          f = BeaconFile::create();
+          f->beacon().launches.store(5);
+          msg = f->path();
+        } catch (const std::exception& e) {
+          msg = std::string("error ") + e.what();
+        }
+      }
+      msg += "\n";
+      if (::write(fds[1], msg.data(), msg.size()) != static_cast<ssize_t>(msg.size())) ::_exit(1);
+      ::close(fds[1]);
+      for (;;) ::pause();
+    }
+    ::close(fds[1]);
+    if (pid > 0) children_.push_back(pid);
+    std::string got;
+    char c;
+    while (::read(fds[0], &c, 1) == 1 && c != '\n') got += c;
+    ::close(fds[0]);
+    if (path) *path = got;
+    return pid;
+  }
+
+  // Kills a child and waits until it is a zombie, without reaping it.
+  static void kill_to_zombie(pid_t pid) {
+    ::kill(pid, SIGKILL);
+    siginfo_t si{};
+    ::waitid(P_PID, static_cast<id_t>(pid), &si, WEXITED | WNOWAIT);
+  }
+
+  void reap(pid_t pid) {
+    ::waitpid(pid, nullptr, 0);
+    std::erase(children_, pid);
+  }
+
+  // A beacon page as a live task `pid` would have written it, with
+  // `marker` in its launch count to tell the copies apart.
+  static std::vector<unsigned char> page_for(pid_t pid, std::uint64_t marker) {
+    std::vector<unsigned char> page(kBeaconBytes, 0);
+    alignas(64) unsigned char buf[kBeaconBytes] = {};
+    auto* b = reinterpret_cast<Beacon*>(buf);
+    b->version = kBeaconVersion;
+    b->size = sizeof(Beacon);
+    b->pid = pid;
+    b->start_time = ctl::process_start_time(pid);
+    b->uid = ::geteuid();
+    b->launches.store(marker);
+    b->magic.store(kBeaconMagic);
+    std::memcpy(page.data(), buf, kBeaconBytes);
+    return page;
+  }
+
+  std::string write_file(const std::string& name, const std::vector<unsigned char>& bytes, mode_t mode) {
+    const std::string p = dir_ + "/" + name;
+    const int fd = ::open(p.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    EXPECT_GE(fd, 0) << p;
+    if (fd < 0) return p;
+    EXPECT_EQ(::write(fd, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+    ::fchmod(fd, mode);
+    ::close(fd);
+    return p;
+  }
+
+  static std::string name_for(pid_t pid, const std::string& hex16) {
+    return "nvtaskset-beacon." + std::to_string(pid) + "." + hex16;
+  }
+
+  // The peers whose beacons carry `marker`.
+  static unsigned count_marker(const std::vector<Peer>& peers, std::uint64_t marker) {
+    unsigned n = 0;
+    for (const Peer& p : peers) n += p.beacon->launches.load() == marker ? 1 : 0;
+    return n;
+  }
+
+  std::string dir_, old_;
+  std::vector<pid_t> children_;
+};
+
+TEST_F(Beacons, CreateMakesAOnePagePublicFileNamedForTheTask) {
+  std::string path;
+  {
+    const auto f = BeaconFile::create();
+    path = f->path();
+    const std::string name = fs::path(path).filename().string();
+    const std::string prefix = "nvtaskset-beacon." + std::to_string(::getpid()) + ".";
+    ASSERT_TRUE(name.starts_with(prefix)) << name;
+    const std::string hex = name.substr(prefix.size());
+    EXPECT_EQ(hex.size(), 16u) << name;
+    EXPECT_EQ(hex.find_first_not_of("0123456789abcdef"), std::string::npos) << name;
+    EXPECT_EQ(fs::path(path).parent_path().string(), dir_);
+    struct stat st {};
+    ASSERT_EQ(::lstat(path.c_str(), &st), 0);
+    EXPECT_TRUE(S_ISREG(st.st_mode));
+    EXPECT_EQ(st.st_mode & 07777, 0644u);
+    EXPECT_EQ(st.st_size, static_cast<off_t>(kBeaconBytes));
+    EXPECT_EQ(st.st_uid, ::geteuid());
+    const Beacon& b = f->beacon();
+    EXPECT_EQ(b.magic.load(), kBeaconMagic);
+    EXPECT_EQ(b.version, kBeaconVersion);
+    EXPECT_EQ(b.size, sizeof(Beacon));
+    EXPECT_EQ(b.pid, ::getpid());
+    EXPECT_EQ(b.uid, ::geteuid());
+    EXPECT_EQ(b.start_time, ctl::process_start_time(::getpid()));
+    EXPECT_NE(b.start_time, 0u);
+    EXPECT_EQ(b.launches.load(), 0u);
+    std::vector<DeviceView> views;
+    ASSERT_TRUE(read_devices(b, views));
+    EXPECT_TRUE(views.empty());
+    // Two beacons of one process do not collide.
+    const auto g = BeaconFile::create();
+    EXPECT_NE(g->path(), path);
+    EXPECT_EQ(beacon_names().size(), 2u);
+  }
+  EXPECT_FALSE(fs::exists(path)) << "the beacon outlived its object";
+  EXPECT_TRUE(beacon_names().empty());
+}
+
+TEST_F(Beacons, ForgetLeavesTheFileToItsOwner) {
+  std::string path;
+  {
+    const auto f = BeaconFile::create();
+    path = f->path();
+    f->forget();
+  }
+  EXPECT_TRUE(fs::exists(path));
+}
+
+TEST_F(Beacons, CreateRefusesAnUnsafeDirectoryInOneLine) {
+  const std::string open_dir = dir_ + "/open";
+  fs::create_directory(open_dir);
+  ::chmod(open_dir.c_str(), 0777);  // writable by all, not sticky
+  ::setenv("NVTASKSET_STATUS_DIR", open_dir.c_str(), 1);
+  try {
+    BeaconFile::create();
+    ADD_FAILURE() << "created a beacon in a world-writable, non-sticky directory";
+  } catch (const ctl::Error& e) {
+    EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("not sticky"), std::string::npos) << e.what();
+  }
+  ::setenv("NVTASKSET_STATUS_DIR", (dir_ + "/missing").c_str(), 1);
+  EXPECT_THROW(BeaconFile::create(), ctl::Error);
+  EXPECT_TRUE(fs::is_empty(open_dir));
+}
+
+TEST_F(Beacons, DevicesRoundTrip) {
+  const auto f = BeaconFile::create();
+  Beacon& b = f->beacon();
+  DeviceUuid a{}, other{};
+  a[0] = 0xa1;
+  a[15] = 0x5a;
+  other[0] = 0x0b;
+  set_device(b, 0, a, Bits128{0x3, 0}, Bits128{0xff, 0x10});
+  set_device(b, 1, kAnyDevice, Bits128{0x0, 0x4}, Bits128{0x0, 0xf});
+  set_device(b, kBeaconDevices, a, Bits128{~0ull, ~0ull}, Bits128{~0ull, ~0ull});  // out of range: ignored
+  std::vector<DeviceView> views;
+  ASSERT_TRUE(read_devices(b, views));
+  ASSERT_EQ(views.size(), 2u);
+  EXPECT_EQ(views[0].uuid, a);
+  EXPECT_EQ(views[0].reserved, (Bits128{0x3, 0}));
+  EXPECT_EQ(views[0].burst, (Bits128{0xff, 0x10}));
+  EXPECT_EQ(views[1].uuid, kAnyDevice);
+  EXPECT_EQ(views[1].reserved, (Bits128{0x0, 0x4}));
+  EXPECT_EQ(views[1].burst, (Bits128{0x0, 0xf}));
+  std::uint8_t ua[16], uo[16];
+  std::memcpy(ua, a.data(), 16);
+  std::memcpy(uo, other.data(), 16);
+  // Its own GPU's reservation plus the one on any GPU; another GPU only that.
+  EXPECT_EQ(reserved_on(b, ua), (Bits128{0x3, 0x4}));
+  EXPECT_EQ(reserved_on(b, uo), (Bits128{0x0, 0x4}));
+  // Rewriting a slot replaces it.
+  set_device(b, 0, a, Bits128{0xc, 0}, Bits128{0xfc, 0});
+  EXPECT_EQ(reserved_on(b, ua), (Bits128{0xc, 0x4}));
+  ASSERT_TRUE(read_devices(b, views));
+  EXPECT_EQ(views[0].burst, (Bits128{0xfc, 0}));
+  // A slot taken out of use no longer counts.
+  b.devices[1].in_use.store(0);
+  EXPECT_EQ(reserved_on(b, uo), Bits128{});
+  ASSERT_TRUE(read_devices(b, views));
+  EXPECT_EQ(views.size(), 1u);
+}
+
+TEST_F(Beacons, ASlotCaughtMidWriteIsTheSafeSide) {
+  const auto f = BeaconFile::create();
+  Beacon& b = f->beacon();
+  DeviceUuid a{};
+  a[0] = 1;
+  set_device(b, 0, a, Bits128{0x3, 0}, Bits128{0xff, 0});
+  // A writer that stopped half-way (or a corrupt slot) leaves its sequence odd.
+  b.devices[2].seq.store(7);
+  std::vector<DeviceView> views;
+  EXPECT_FALSE(read_devices(b, views));
+  std::uint8_t ua[16];
+  std::memcpy(ua, a.data(), 16);
+  // Unknown reservation: all of it, so no best-effort kernel lands on it.
+  EXPECT_EQ(reserved_on(b, ua), (Bits128{~0ull, ~0ull}));
+}
+
+TEST_F(Beacons, ScanFindsAnotherTasksBeaconAndNotItsOwn) {
+  std::string child_path;
+  const pid_t child = start_child(true, &child_path);
+  ASSERT_GT(child, 0);
+  ASSERT_FALSE(child_path.starts_with("error")) << child_path;
+  ASSERT_TRUE(fs::exists(child_path)) << child_path;
+  const auto mine = BeaconFile::create();
+  mine->beacon().launches.store(9);
+
+  const std::vector<Peer> peers = scan_beacons(::getpid(), {});
+  ASSERT_EQ(peers.size(), 1u);
+  EXPECT_EQ(peers[0].pid, child);
+  EXPECT_EQ(peers[0].start_time, ctl::process_start_time(child));
+  EXPECT_EQ(peers[0].uid, ::geteuid());
+  ASSERT_NE(peers[0].beacon, nullptr);
+  EXPECT_EQ(peers[0].beacon->pid, child);
+  EXPECT_EQ(peers[0].beacon->launches.load(), 5u);
+  EXPECT_TRUE(peer_alive(peers[0]));
+  // The mapping is shared: what the task writes, the reader sees.
+  EXPECT_EQ(mine->beacon().launches.load(), 9u);
+
+  // Mappings known from an earlier scan are reused.
+  const std::vector<Peer> again = scan_beacons(::getpid(), peers);
+  ASSERT_EQ(again.size(), 1u);
+  EXPECT_EQ(again[0].beacon, peers[0].beacon);
+
+  // A reader that is no task (--status passes 0) sees both.
+  const std::vector<Peer> all = scan_beacons(0, {});
+  EXPECT_EQ(all.size(), 2u);
+  EXPECT_EQ(count_marker(all, 9), 1u);
+  EXPECT_EQ(count_marker(all, 5), 1u);
+  // Seen from the child's side, ours is another task's.
+  EXPECT_EQ(count_marker(scan_beacons(child, {}), 9), 1u);
+}
+
+TEST_F(Beacons, ScanRemovesTheBeaconOfADeadTask) {
+  std::string child_path;
+  const pid_t child = start_child(true, &child_path);
+  ASSERT_GT(child, 0);
+  ASSERT_TRUE(fs::exists(child_path)) << child_path;
+  const std::vector<Peer> before = scan_beacons(::getpid(), {});
+  ASSERT_EQ(before.size(), 1u);
+  // Killed (the beacon is left behind), a zombie not yet reaped: dead.
+  kill_to_zombie(child);
+  EXPECT_FALSE(peer_alive(before[0]));
+  EXPECT_TRUE(fs::exists(child_path));
+  EXPECT_TRUE(scan_beacons(::getpid(), before).empty());
+  EXPECT_FALSE(fs::exists(child_path)) << "the dead task's beacon was not removed";
+  reap(child);
+  // A leftover named for a pid that is gone altogether goes too.
+  const std::string left = write_file(name_for(child, "0123456789abcdef"), page_for(::getpid(), 1), 0644);
+  EXPECT_TRUE(scan_beacons(::getpid(), {}).empty());
+  EXPECT_FALSE(fs::exists(left));
+}
+
+TEST_F(Beacons, ScanIgnoresFilesALiveTaskWouldNotHaveWritten) {
+  const pid_t child = start_child(false);
+  ASSERT_GT(child, 0);
+  const pid_t self = ::getpid();
+  // The control: a page as the child would write it is found.
+  const std::string good = write_file(name_for(child, "00000000000000a0"), page_for(child, 100), 0644);
+  {
+    const auto peers = scan_beacons(self, {});
+    ASSERT_EQ(count_marker(peers, 100), 1u);
+    EXPECT_EQ(peers.size(), 1u);
+  }
+  fs::remove(good);
+
+  // Wrong sizes.
+  auto small = page_for(child, 101);
+  small.resize(100);
+  write_file(name_for(child, "00000000000000a1"), small, 0644);
+  auto big = page_for(child, 102);
+  big.resize(2 * kBeaconBytes, 0);
+  write_file(name_for(child, "00000000000000a2"), big, 0644);
+  // Writable by group or others.
+  const std::string gw = write_file(name_for(child, "00000000000000a3"), page_for(child, 103), 0664);
+  write_file(name_for(child, "00000000000000a4"), page_for(child, 104), 0646);
+  // A header naming another process than the file's name.
+  write_file(name_for(child, "00000000000000a5"), page_for(self, 105), 0644);
+  // A header with another start time (the pid was reused).
+  {
+    auto p = page_for(child, 106);
+    alignas(64) unsigned char buf[kBeaconBytes];
+    std::memcpy(buf, p.data(), kBeaconBytes);
+    reinterpret_cast<Beacon*>(buf)->start_time += 1;
+    std::memcpy(p.data(), buf, kBeaconBytes);
+    write_file(name_for(child, "00000000000000a6"), p, 0644);
+  }
+  // No magic, or another version.
+  {
+    auto p = page_for(child, 107);
+    alignas(64) unsigned char buf[kBeaconBytes];
+    std::memcpy(buf, p.data(), kBeaconBytes);
+    reinterpret_cast<Beacon*>(buf)->magic.store(0);
+    std::memcpy(p.data(), buf, kBeaconBytes);
+    write_file(name_for(child, "00000000000000a7"), p, 0644);
+    reinterpret_cast<Beacon*>(buf)->magic.store(kBeaconMagic);
+    reinterpret_cast<Beacon*>(buf)->version = kBeaconVersion + 1;
+    reinterpret_cast<Beacon*>(buf)->launches.store(108);
+    std::memcpy(p.data(), buf, kBeaconBytes);
+    write_file(name_for(child, "00000000000000a8"), p, 0644);
+  }
+  // A name that is not a beacon's (the random part is not 16 characters).
+  write_file(name_for(child, "a9"), page_for(child, 109), 0644);
+  // A symbolic link to a good page, and a directory.
+  const std::string target = dir_ + "/target";
+  {
+    const auto p = page_for(child, 110);
+    std::ofstream(target, std::ios::binary).write(reinterpret_cast<const char*>(p.data()), kBeaconBytes);
+    ::chmod(target.c_str(), 0644);
+  }
+  fs::create_symlink(target, dir_ + "/" + name_for(child, "00000000000000aa"));
+  fs::create_directory(dir_ + "/" + name_for(child, "00000000000000ab"));
+
+  const auto peers = scan_beacons(self, {});
+  EXPECT_TRUE(peers.empty()) << peers.size() << " untrusted beacons taken, the first with marker "
+                             << peers[0].beacon->launches.load();
+  // Nothing of a live task is removed.
+  EXPECT_EQ(beacon_names().size(), 11u);
+  // The same group-writable page, made owner-writable only, is trusted.
+  ::chmod(gw.c_str(), 0644);
+  EXPECT_EQ(count_marker(scan_beacons(self, {}), 103), 1u);
+}
+
+}  // namespace
+}  // namespace nvtaskset::roles
