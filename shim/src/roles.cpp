@@ -263,7 +263,7 @@ void* controller(void*) {
   std::uint64_t completed = 0, busy_since = 0;
   bool ctx_set = false;
   std::int64_t stamp = -1;
-  std::uint64_t next_refresh = 0;
+  std::uint64_t next_refresh = 0, next_check = 0;
   while (!g_lc.stop.load(std::memory_order_acquire)) {
     const std::uint64_t now = now_ns();
     const std::uint64_t launches = g_lc.launches.load(std::memory_order_acquire);
@@ -276,13 +276,18 @@ void* controller(void*) {
                                                                   : roles::LcState::kSaturated),
                   std::memory_order_relaxed);
     b.saturations.store(budget.saturations(), std::memory_order_relaxed);
-    if (now >= next_refresh) {
+    // The burst set: when the status directory changed (entries come and
+    // go by rename and unlink), and every 200 ms (an entry whose task was
+    // killed stays until a reader removes it, without touching the
+    // directory before).
+    if (now >= next_check) {
+      next_check = now + 5'000'000;
       const std::int64_t s = dir_stamp();
-      if (s != stamp || now >= next_refresh + 200'000'000) {
+      if (s != stamp || now >= next_refresh) {
         stamp = s;
+        next_refresh = now + 200'000'000;
         refresh_burst(b);
       }
-      next_refresh = now + 5'000'000;
     }
     if (!busy) {
       const std::uint32_t seen = g_lc.wake.load(std::memory_order_acquire);
@@ -413,6 +418,12 @@ void lc_after(std::uint64_t seq, CUstream s, bool per_thread) noexcept {
 // ---- best-effort: the gate, the floor, the queue --------------------------------------
 
 constexpr unsigned kMaxPeers = 16;
+// A best-effort task's queue, in launches. What an LC request waits behind
+// is what the BE task has queued: on an H100 an LC probe waited 0.8 ms (p50)
+// behind a BE that kept 1 launch of 1.5-ms matmuls queued, 5.0 ms behind 16,
+// while the BE ran 625 instead of 656 matmuls/s (bench/yield_time.py --roles,
+// docs/results.md).
+constexpr unsigned kDefaultBeDepth = 4;
 
 struct BeState {
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;  // peers, floors, budget
@@ -424,7 +435,7 @@ struct BeState {
   // The queue (NVTASKSET_BE_DEPTH): one event per `stride` launches, in a
   // ring of `ring` slots.
   pthread_mutex_t qmu = PTHREAD_MUTEX_INITIALIZER;
-  unsigned depth = 16, stride = 2, ring = 8;
+  unsigned depth = 4, stride = 1, ring = 4;
   CUcontext ctx = nullptr;
   bool ring_failed = false;
   CUevent events[64] = {};
@@ -684,8 +695,8 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
     } else {
       g_be.peers = new std::vector<roles::Peer>();
       g_be.hold_budget = new roles::BurstBudget(budget_params(roles::kHoldBudget));
-      const NumberValue d = number(Option::kBeDepth, 1, 1024, 16);
-      if (d.bad) warn("NVTASKSET_BE_DEPTH: not a number from 1 to 1024; using 16");
+      const NumberValue d = number(Option::kBeDepth, 1, 1024, kDefaultBeDepth);
+      if (d.bad) warn("NVTASKSET_BE_DEPTH: not a number from 1 to 1024; using 4");
       g_be.depth = static_cast<unsigned>(d.value);
       // One event per `stride` launches, at most 64 events: the queue is
       // bounded to `depth` launches, give or take one stride.
@@ -737,6 +748,10 @@ void adjust(unsigned slot, Bits128& enabled, std::uint32_t cluster_blocks) noexc
   if (slot >= ctl::kMaxDevices) return;
   switch (static_cast<Role>(g_role.load(std::memory_order_relaxed))) {
     case Role::kLatencyCritical: {
+      // Only while the controller lets it burst: a saturated task runs on
+      // its reservation, next to best-effort tasks on their floors.
+      const roles::Beacon* b = g_lc.beacon.load(std::memory_order_acquire);
+      if (b == nullptr || b->may_burst.load(std::memory_order_relaxed) != 1) return;
       Bits128 burst;
       if (load_mask(slot, burst)) enabled = enabled | burst;
       return;

@@ -209,10 +209,6 @@ TEST_F(Roles, SaturatedLatencyCriticalTaskPutsBestEffortOnItsFloor) {
 // task that keeps the GPU busy ... then runs on its reservation next to BE
 // tasks on their floors").
 TEST_F(Roles, SaturatedLatencyCriticalTaskRunsOnItsReservation) {
-  if (std::getenv("NVTASKSET_TEST_KNOWN_BUGS") == nullptr)
-    GTEST_SKIP() << "known bug: shim/src/roles.cpp adjust() widens every LC kernel to the burst set whether or not "
-                    "the controller lets it burst, so a saturated LC task's kernels still run on all TPCs, on top of "
-                    "the BE floor (set NVTASKSET_TEST_KNOWN_BUGS=1 to run)";
   touch(hold_);
   Proc* lcp = nullptr;
   const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp);
@@ -469,12 +465,6 @@ TEST_F(Roles, BurstLeavesOutPlainPartitionsWhileTheyLive) {
 // entry behind) gives its TPCs back to the burst too, without anyone
 // running --status.
 TEST_F(Roles, BurstTakesBackTheTpcsOfAKilledPlainTask) {
-  if (std::getenv("NVTASKSET_TEST_KNOWN_BUGS") == nullptr)
-    GTEST_SKIP() << "known bug: shim/src/roles.cpp controller() refreshes the burst set only when the status "
-                    "directory changes; its periodic refresh (now >= next_refresh + 200 ms) never comes, as "
-                    "next_refresh is set to now + 5 ms on every pass, so a killed task's entry (left in place) keeps "
-                    "its TPCs out of the burst until someone else touches the directory (set "
-                    "NVTASKSET_TEST_KNOWN_BUGS=1 to run)";
   Proc* pp = nullptr;
   const long plain = start_task({"-t", "6-7"}, "plain", &pp);
   ASSERT_GT(plain, 0);

@@ -85,7 +85,7 @@ inline constexpr OptionDesc kOptions[] = {
      "set by nvtaskset --latency-critical or --best-effort for the task (roles.hpp)"},
     {Option::kBurstPool, "NVTASKSET_BURST_POOL", OptionKind::kInternal, "", false,
      "set by nvtaskset --latency-critical: every working TPC of each GPU, which the task may burst onto"},
-    {Option::kBeDepth, "NVTASKSET_BE_DEPTH", OptionKind::kNumber, "1-1024, default 16", true,
+    {Option::kBeDepth, "NVTASKSET_BE_DEPTH", OptionKind::kNumber, "1-1024, default 4", true,
      "a --best-effort task keeps at most this many launches queued on the GPU, so that it gives the GPU back "
      "to a latency-critical task within that many kernels"},
     {Option::kTestBurstMs, "NVTASKSET_TEST_BURST_MS", OptionKind::kInternal, "", false,
