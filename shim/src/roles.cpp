@@ -10,6 +10,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
@@ -178,6 +179,14 @@ std::int64_t dir_stamp() noexcept {
   return static_cast<std::int64_t>(st.st_mtim.tv_sec) * 1'000'000'000 + st.st_mtim.tv_nsec;
 }
 
+// Stream captures under way in this process (cuStreamBeginCapture* ..
+// cuStreamEndCapture*). While one is, the shim makes no driver call of its
+// own outside the launching thread's launch: in CUDA's global capture mode
+// (PyTorch's default) a call another thread makes may invalidate the
+// capture (seen on an H100: PyTorch's capture of the LC forward failed once
+// in about ten runs while the controller queried an event).
+std::atomic<int> g_captures{0};
+
 // ---- latency-critical: the beacon and the controller ---------------------------------
 
 constexpr unsigned kRing = 64;
@@ -309,6 +318,9 @@ void* controller(void*) {
     }
     if (recorded & kNoEvent) {
       done = true;
+    } else if (g_captures.load(std::memory_order_acquire) > 0) {
+      sleep_ns(50'000);  // no driver call while a capture is under way
+      continue;
     } else {
       if (!ctx_set) {
         const CtxSetFn set = g_drv.ctx_set.load(std::memory_order_acquire);
@@ -398,7 +410,8 @@ void lc_after(std::uint64_t seq, CUstream s, bool per_thread) noexcept {
   std::uint64_t mark = seq | kNoEvent;
   pthread_mutex_lock(&g_lc.mu);
   CUcontext ctx = nullptr;
-  if (g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) == CUDA_SUCCESS && ctx != nullptr) {
+  if (g_captures.load(std::memory_order_acquire) == 0 &&
+      g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) == CUDA_SUCCESS && ctx != nullptr) {
     if (g_lc.ctx == nullptr) {
       const EventCreateFn create = g_drv.event_create.load(std::memory_order_acquire);
       bool ok = true;
@@ -435,7 +448,7 @@ struct BeState {
   // The queue (NVTASKSET_BE_DEPTH): one event per `stride` launches, in a
   // ring of `ring` slots.
   pthread_mutex_t qmu = PTHREAD_MUTEX_INITIALIZER;
-  unsigned depth = 4, stride = 1, ring = 4;
+  unsigned depth = 4, stride = 1, ring = 4;  // configure() sets them
   CUcontext ctx = nullptr;
   bool ring_failed = false;
   CUevent events[64] = {};
@@ -492,15 +505,18 @@ void be_refresh(std::uint64_t now) {
 }
 
 roles::BeAction be_decide(std::uint64_t now) {
-  std::vector<roles::LcSnapshot> snaps;
+  thread_local std::vector<roles::LcSnapshot> snaps;  // no allocation per launch once grown
+  snaps.clear();
   for (const roles::Peer& p : *g_be.peers) snaps.push_back(roles::snapshot(*p.beacon));
   return roles::be_action(snaps, now);
 }
 
 // Before a best-effort launch: waits while an LC task bursts; true when the
 // launch must run on the floor.
-bool be_before(CUstream s, bool per_thread, bool graph) {
-  if (capturing(s, per_thread)) return false;
+// (A launch into a capturing stream runs nothing; it may wait here all the
+// same: asking every launch whether its stream captures costs a driver call,
+// and best-effort launches are many and short.)
+bool be_before(CUstream, bool, bool graph) {
   ctl::Header* h = header();
   pthread_mutex_lock(&g_be.mu);
   std::uint64_t now = now_ns();
@@ -542,17 +558,18 @@ bool be_before(CUstream s, bool per_thread, bool graph) {
 
 // After a best-effort launch: at most `depth` launches queued.
 void be_after(CUstream s, bool per_thread) noexcept {
-  if (capturing(s, per_thread)) return;
   pthread_mutex_lock(&g_be.qmu);
   ++g_be.count;
-  if (g_be.count % g_be.stride == 0 && !g_be.ring_failed) {
+  if (g_be.count % g_be.stride == 0 && !g_be.ring_failed && !capturing(s, per_thread)) {
     CUcontext ctx = nullptr;
     if (g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) == CUDA_SUCCESS && ctx != nullptr) {
       if (g_be.ctx == nullptr) {
         const EventCreateFn create = g_drv.event_create.load(std::memory_order_acquire);
         bool ok = true;
         for (unsigned i = 0; i < g_be.ring && ok; ++i)
-          ok = create(&g_be.events[i], CU_EVENT_DISABLE_TIMING | CU_EVENT_BLOCKING_SYNC) == CUDA_SUCCESS;
+          // Not CU_EVENT_BLOCKING_SYNC: the wait is short (one stride of
+          // kernels), and a blocked thread's wake-up leaves the GPU idle.
+          ok = create(&g_be.events[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS;
         if (ok) g_be.ctx = ctx;
         else g_be.ring_failed = true;
       }
@@ -609,10 +626,17 @@ void after(const Launch& l, CUstream s, bool per_thread) noexcept {
 
 // ---- the wrappers ----------------------------------------------------------------------
 
-enum Fn : unsigned { kLaunchKernel, kLaunchKernelPtsz, kLaunchKernelEx, kLaunchKernelExPtsz, kCoop, kCoopPtsz, kFnCount };
-constexpr const char* kNames[kFnCount] = {"cuLaunchKernel",   "cuLaunchKernel_ptsz",        "cuLaunchKernelEx",
-                                          "cuLaunchKernelEx_ptsz", "cuLaunchCooperativeKernel",
-                                          "cuLaunchCooperativeKernel_ptsz"};
+enum Fn : unsigned {
+  kLaunchKernel, kLaunchKernelPtsz, kLaunchKernelEx, kLaunchKernelExPtsz, kCoop, kCoopPtsz,
+  kBeginCapture, kBeginCapturePtsz, kBeginCaptureV2, kBeginCaptureV2Ptsz, kBeginCaptureToGraph,
+  kBeginCaptureToGraphPtsz, kEndCapture, kEndCapturePtsz, kFnCount
+};
+constexpr const char* kNames[kFnCount] = {
+    "cuLaunchKernel", "cuLaunchKernel_ptsz", "cuLaunchKernelEx", "cuLaunchKernelEx_ptsz",
+    "cuLaunchCooperativeKernel", "cuLaunchCooperativeKernel_ptsz", "cuStreamBeginCapture",
+    "cuStreamBeginCapture_ptsz", "cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz",
+    "cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph_ptsz", "cuStreamEndCapture",
+    "cuStreamEndCapture_ptsz"};
 std::atomic<void*> g_real[kFnCount]{};
 
 template <class F>
@@ -653,6 +677,37 @@ CUresult w_coop(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
   return rc;
 }
 
+// Captures: counted (g_captures), the calls themselves unchanged. The
+// driver's signatures (cuda.h): (stream); (stream, mode); (stream, graph,
+// dependencies, edge data, count, mode); end: (stream, graph*).
+using BeginFn = CUresult (*)(CUstream);
+using BeginV2Fn = CUresult (*)(CUstream, int);
+using BeginToGraphFn = CUresult (*)(CUstream, CUgraph, const void*, const void*, size_t, int);
+using EndFn = CUresult (*)(CUstream, CUgraph*);
+
+CUresult began(CUresult rc) noexcept {
+  if (rc == CUDA_SUCCESS) g_captures.fetch_add(1, std::memory_order_acq_rel);
+  return rc;
+}
+template <Fn F>
+CUresult w_begin(CUstream s) { return began(real<BeginFn>(F)(s)); }
+template <Fn F>
+CUresult w_begin_v2(CUstream s, int mode) { return began(real<BeginV2Fn>(F)(s, mode)); }
+template <Fn F>
+CUresult w_begin_to_graph(CUstream s, CUgraph g, const void* deps, const void* edges, size_t n, int mode) {
+  return began(real<BeginToGraphFn>(F)(s, g, deps, edges, n, mode));
+}
+template <Fn F>
+CUresult w_end(CUstream s, CUgraph* g) {
+  const CUresult rc = real<EndFn>(F)(s, g);
+  // A capture ends with this call whatever it answers (an invalidated one
+  // too), unless the stream was not capturing.
+  int n = g_captures.load(std::memory_order_acquire);
+  while (n > 0 && !g_captures.compare_exchange_weak(n, n - 1, std::memory_order_acq_rel)) {
+  }
+  return rc;
+}
+
 template <class W>
 void* addr(W* w) noexcept {
   void* p;
@@ -669,6 +724,14 @@ void* wrapper_of(unsigned f) noexcept {
     case kLaunchKernelExPtsz: return addr(&w_launch_kernel_ex<kLaunchKernelExPtsz, true>);
     case kCoop: return addr(&w_coop<kCoop, false>);
     case kCoopPtsz: return addr(&w_coop<kCoopPtsz, true>);
+    case kBeginCapture: return addr(&w_begin<kBeginCapture>);
+    case kBeginCapturePtsz: return addr(&w_begin<kBeginCapturePtsz>);
+    case kBeginCaptureV2: return addr(&w_begin_v2<kBeginCaptureV2>);
+    case kBeginCaptureV2Ptsz: return addr(&w_begin_v2<kBeginCaptureV2Ptsz>);
+    case kBeginCaptureToGraph: return addr(&w_begin_to_graph<kBeginCaptureToGraph>);
+    case kBeginCaptureToGraphPtsz: return addr(&w_begin_to_graph<kBeginCaptureToGraphPtsz>);
+    case kEndCapture: return addr(&w_end<kEndCapture>);
+    case kEndCapturePtsz: return addr(&w_end<kEndCapturePtsz>);
     default: return nullptr;
   }
 }
@@ -698,9 +761,10 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
       const NumberValue d = number(Option::kBeDepth, 1, 1024, kDefaultBeDepth);
       if (d.bad) warn("NVTASKSET_BE_DEPTH: not a number from 1 to 1024; using 4");
       g_be.depth = static_cast<unsigned>(d.value);
-      // One event per `stride` launches, at most 64 events: the queue is
-      // bounded to `depth` launches, give or take one stride.
-      g_be.stride = (g_be.depth + 63) / 64;
+      // One event per `stride` launches (a quarter of the depth), at most 64
+      // events: the queue is bounded to `depth` launches, give or take one
+      // stride. Every event recorded is a driver call on the launch path.
+      g_be.stride = std::max(g_be.depth / 4, (g_be.depth + 63) / 64);
       if (g_be.stride == 0) g_be.stride = 1;
       g_be.ring = (g_be.depth + g_be.stride - 1) / g_be.stride;
       if (g_be.ring == 0) g_be.ring = 1;
@@ -790,6 +854,7 @@ void atfork_child() noexcept {
   for (bool& r : g_be.recorded) r = false;
   g_be.count = 0;
   g_floor_users.store(0, std::memory_order_relaxed);
+  g_captures.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace nvtaskset::roles_shim

@@ -390,6 +390,10 @@ TEST_F(Roles, KilledLatencyCriticalTaskReleasesEverything) {
 
 TEST_F(Roles, StoppedLatencyCriticalTaskIsStaleAndBestEffortRunsOnItsFloor) {
   env_["NVTASKSET_TEST_BURST_MS"] = "600000";
+  // The stand-in keeps every kernel launched while the hold file exists
+  // running, the BE's own too: with a short queue the BE would wait for its
+  // own kernels (queue_waits) and never launch again to be held.
+  env_["NVTASKSET_BE_DEPTH"] = "1024";
   touch(hold_);
   Proc* lp = nullptr;
   const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp);
