@@ -2,6 +2,7 @@
 #include "nvtaskset/proc.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -64,6 +65,12 @@ pid_t parent_pid(pid_t pid) {
     if (ppid > 0x7fffffffL) return 0;
   }
   return static_cast<pid_t>(ppid);
+}
+
+std::optional<uid_t> process_uid(pid_t pid) {
+  struct stat st {};
+  if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0) return std::nullopt;
+  return st.st_uid;
 }
 
 }  // namespace nvtaskset::ctl

@@ -5,7 +5,6 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -41,21 +40,12 @@ namespace {
 
 constexpr const char* kPrefix = "nvtaskset-beacon.";
 
-std::string random_hex() {
-  std::uint64_t r = 0;
-  if (::getrandom(&r, sizeof r, 0) != static_cast<ssize_t>(sizeof r))
-    r = (static_cast<std::uint64_t>(::getpid()) << 32) ^ reinterpret_cast<std::uintptr_t>(&r);
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(r));
-  return buf;
-}
-
 }  // namespace
 
 std::unique_ptr<BeaconFile> BeaconFile::create() {
   const std::string dir = ctl::status_dir();
   if (std::string why = ctl::check_shared_dir(dir); !why.empty()) throw ctl::Error(why);
-  const std::string path = dir + "/" + kPrefix + std::to_string(::getpid()) + "." + random_hex();
+  const std::string path = dir + "/" + kPrefix + std::to_string(::getpid()) + "." + ctl::random_hex();
   const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) throw ctl::Error(path + ": " + std::strerror(errno));
   if (::fchmod(fd, 0644) != 0 || ::ftruncate(fd, static_cast<off_t>(kBeaconBytes)) != 0) {
@@ -151,15 +141,6 @@ Bits128 reserved_on(const Beacon& b, const std::uint8_t (&uuid)[16]) noexcept {
 
 namespace {
 
-// The user a live process runs as: the owner of /proc/<pid>.
-std::optional<uid_t> process_uid(pid_t pid) {
-  struct stat st {};
-  if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0) return std::nullopt;
-  return st.st_uid;
-}
-
-bool may_remove(const struct stat& st) { return ::geteuid() == 0 || st.st_uid == ::geteuid(); }
-
 // Maps a beacon read-only after the checks a shared file gets
 // (trusted_file.hpp, OpenSSH-style): opened without following a link or
 // waiting on a FIFO; a regular file of exactly one page; owned by the task's
@@ -212,7 +193,7 @@ std::vector<Peer> scan_beacons(pid_t self, const std::vector<Peer>& known) {
     const std::uint64_t start = ctl::process_start_time(*pid);
     if (start == 0 || ctl::process_is_zombie_or_dead(*pid)) {
       struct stat st {};
-      if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && may_remove(st)) ::unlink(path.c_str());
+      if (::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && ctl::may_remove(st)) ::unlink(path.c_str());
       continue;
     }
     bool have = false;
@@ -223,7 +204,7 @@ std::vector<Peer> scan_beacons(pid_t self, const std::vector<Peer>& known) {
         break;
       }
     if (have) continue;
-    const auto uid = process_uid(*pid);
+    const auto uid = ctl::process_uid(*pid);
     if (!uid) continue;
     if (const Beacon* b = map_trusted(path, *pid, start, *uid)) out.push_back(Peer{*pid, start, *uid, b});
   }

@@ -39,24 +39,6 @@ constexpr std::size_t kMaxEntryBytes = 16384;
 // room for a later format's keys. Beyond that it is not an entry.
 constexpr int kMaxEntryLines = 16;
 
-std::string random_hex() {
-  std::uint64_t r = 0;
-  if (::getrandom(&r, sizeof r, 0) != static_cast<ssize_t>(sizeof r)) {
-    r = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
-        (static_cast<std::uint64_t>(::getpid()) << 32);
-  }
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(r));
-  return buf;
-}
-
-// The user a live process runs as: the owner of /proc/<pid>.
-std::optional<uid_t> process_uid(pid_t pid) {
-  struct stat st {};
-  if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0) return std::nullopt;
-  return st.st_uid;
-}
-
 struct File {
   std::string name;
   pid_t pid = 0;
@@ -140,8 +122,6 @@ std::optional<std::pair<std::string, struct stat>> read_entry(const std::string&
   return std::make_pair(std::move(r.text), r.st);
 }
 
-bool may_remove(const struct stat& st) { return ::geteuid() == 0 || st.st_uid == ::geteuid(); }
-
 }  // namespace
 
 // The directory is usable when no other user can remove or replace our
@@ -155,6 +135,19 @@ std::string check_shared_dir(const std::string& dir) {
     return dir + " is writable by others and not sticky";
   return "";
 }
+
+std::string random_hex() {
+  std::uint64_t r = 0;
+  if (::getrandom(&r, sizeof r, 0) != static_cast<ssize_t>(sizeof r)) {
+    r = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+        (static_cast<std::uint64_t>(::getpid()) << 32);
+  }
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(r));
+  return buf;
+}
+
+bool may_remove(const struct stat& st) { return ::geteuid() == 0 || st.st_uid == ::geteuid(); }
 
 std::string status_dir() {
   if (const char* d = option_value(Option::kStatusDir)) return d;

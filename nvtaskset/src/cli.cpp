@@ -140,6 +140,8 @@ struct Sharing {
   // exclusive but for best-effort tasks, which make way for it; a
   // best-effort partition may overlap latency-critical reservations.
   roles::Role role = roles::Role::kNone;
+  // Every entry as read, the roles' own included (check_roles).
+  std::vector<ctl::StatusEntry> all;
   // --exclusive, or --latency-critical: what a refusal names.
   const char* claim_name = "--exclusive";
   // --exclusive: live tasks whose kernels reach the driver around their
@@ -472,7 +474,8 @@ std::vector<ctl::StatusEntry> visible_to(roles::Role role, std::vector<ctl::Stat
 Sharing sharing_for(const Options& o, std::set<pid_t> exclude) {
   Sharing sh;
   sh.role = o.role;
-  sh.status = visible_to(sh.role, ctl::read_status());
+  sh.all = ctl::read_status();
+  sh.status = visible_to(sh.role, sh.all);
   sh.exclude = std::move(exclude);
   sh.spread = o.spread;
   sh.exclusive = o.exclusive || o.role == roles::Role::kLatencyCritical;
@@ -642,7 +645,7 @@ void check_mps_user(mps::OtherUsersCheck& check) {
 // and so is a best-effort partition inside the reservations.
 void check_roles(roles::Role role, const std::vector<Choice>& chosen, const Sharing& sh, Devices& devices) {
   if (role == roles::Role::kNone) return;
-  const std::vector<ctl::StatusEntry> all = ctl::read_status();
+  const std::vector<ctl::StatusEntry>& all = sh.all;
   for (const Choice& c : chosen) {
     const topo::Topology* t = devices.known_topology(*c.dev);
     const LogicalTpcSet mine = logical_view(c.partition, t);

@@ -4,6 +4,8 @@
 
 #include <sys/types.h>
 
+#include <optional>
+
 namespace nvtaskset::ctl {
 
 // Whether `pid` has ended: a zombie (killed or exited, not yet reaped by its
@@ -15,5 +17,9 @@ bool process_is_zombie_or_dead(pid_t pid);
 
 // The parent of `pid` (/proc/<pid>/stat field 4), or 0 when it cannot be read.
 pid_t parent_pid(pid_t pid);
+
+// The user a live process runs as: the owner of /proc/<pid>; nullopt when
+// it does not exist.
+std::optional<uid_t> process_uid(pid_t pid);
 
 }  // namespace nvtaskset::ctl

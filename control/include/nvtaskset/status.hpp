@@ -19,6 +19,7 @@
 // shim applies: a user can misdescribe only their own tasks.
 #pragma once
 
+#include <sys/stat.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -46,6 +47,14 @@ std::string status_dir();
 // "" when no other user can remove or replace our files in `dir`: it is
 // owned by root or us, and sticky if others may write to it. Else why not.
 std::string check_shared_dir(const std::string& dir);
+
+// 64 random bits as 16 hex digits: the part of a shared file's name (a status
+// entry, a beacon) no other user can guess and occupy first.
+std::string random_hex();
+
+// Whether this process may remove a file of the status directory: its own,
+// or any as root (the directory is sticky).
+bool may_remove(const struct stat& st);
 
 // Publishes (or replaces) the entry of `pid`, which the caller must own or
 // be root for. Returns "" or why it could not (one line; the partition
