@@ -345,6 +345,7 @@ int print_status(Devices& devices, bool json) {
     // The role, and what its controller (latency-critical: the beacon,
     // public) or its shim (best-effort: the region, owner-only) does now.
     std::string role = "-";
+    std::string bursting_on;  // a bursting LC task's kernels run there, not only on its reservation
     nlohmann::json controller = nullptr;
     if (r.e->role == roles::Role::kLatencyCritical) {
       role = "lc";
@@ -369,6 +370,7 @@ int print_status(Devices& devices, bool json) {
               const LogicalTpcSet l = r.t ? topo::logical_of_physical(*r.t, PhysicalTpcMask{v.burst}) : LogicalTpcSet{};
               burst = l.empty() ? "physical " + v.burst.to_hex() : format_list(l.bits);
             }
+        if (std::string_view(state) == "bursting") bursting_on = burst;
         controller = {{"state", state},
                       {"may_burst", snap.may_burst},
                       {"launches", snap.launches},
@@ -413,7 +415,11 @@ int print_status(Devices& devices, bool json) {
     const unsigned sms = 2 * r.tpcs.size();
     const std::string user = user_name(r.e->uid);
     const std::vector<std::string> argv = argv_of(pid);
-    table.push_back({std::to_string(pid), user, gpu, bypassed ? "UNPARTITIONED" : tpcs, gpcs, std::to_string(sms),
+    table.push_back({std::to_string(pid), user, gpu,
+                     bypassed              ? "UNPARTITIONED"
+                     : bursting_on.empty() ? tpcs
+                                           : tpcs + " (bursting on " + bursting_on + ")",
+                     gpcs, std::to_string(sms),
                      role, kernels, graphs, cluster, table_command(argv)});
     for (pid_t other : share_tpcs[i])
       if (other > pid) notes.push_back("pids " + std::to_string(pid) + " and " + std::to_string(other) + " share TPCs");

@@ -96,6 +96,17 @@ bool capturing(CUstream s, bool per_thread) noexcept {
   return f(s, &st) == CUDA_SUCCESS && st != CU_STREAM_CAPTURE_STATUS_NONE;
 }
 
+// `n` events in the current context, for a ring the shim waits on (timing
+// off: only completion is asked). Not CU_EVENT_BLOCKING_SYNC: the waits are
+// short, and a blocked thread's wake-up left the GPU idle between short
+// best-effort kernels.
+bool create_events(CUevent* events, unsigned n) noexcept {
+  const EventCreateFn create = g_drv.event_create.load(std::memory_order_acquire);
+  for (unsigned i = 0; i < n; ++i)
+    if (create(&events[i], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return false;
+  return true;
+}
+
 CUresult record(CUevent ev, CUstream s, bool per_thread) noexcept {
   const EventRecordFn ptsz = g_drv.event_record_ptsz.load(std::memory_order_acquire);
   if (per_thread && ptsz != nullptr) return ptsz(ev, s);
@@ -413,10 +424,7 @@ void lc_after(std::uint64_t seq, CUstream s, bool per_thread) noexcept {
   if (g_captures.load(std::memory_order_acquire) == 0 &&
       g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) == CUDA_SUCCESS && ctx != nullptr) {
     if (g_lc.ctx == nullptr) {
-      const EventCreateFn create = g_drv.event_create.load(std::memory_order_acquire);
-      bool ok = true;
-      for (unsigned i = 0; i < kRing && ok; ++i) ok = create(&g_lc.events[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS;
-      if (ok) g_lc.ctx = ctx;
+      if (create_events(g_lc.events, kRing)) g_lc.ctx = ctx;
     }
     if (ctx == g_lc.ctx && record(g_lc.events[slot], s, per_thread) == CUDA_SUCCESS) mark = seq;
   }
@@ -560,17 +568,12 @@ bool be_before(CUstream, bool, bool graph) {
 void be_after(CUstream s, bool per_thread) noexcept {
   pthread_mutex_lock(&g_be.qmu);
   ++g_be.count;
-  if (g_be.count % g_be.stride == 0 && !g_be.ring_failed && !capturing(s, per_thread)) {
+  if (g_be.count % g_be.stride == 0 && !g_be.ring_failed && g_captures.load(std::memory_order_acquire) == 0 &&
+      !capturing(s, per_thread)) {
     CUcontext ctx = nullptr;
     if (g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) == CUDA_SUCCESS && ctx != nullptr) {
       if (g_be.ctx == nullptr) {
-        const EventCreateFn create = g_drv.event_create.load(std::memory_order_acquire);
-        bool ok = true;
-        for (unsigned i = 0; i < g_be.ring && ok; ++i)
-          // Not CU_EVENT_BLOCKING_SYNC: the wait is short (one stride of
-          // kernels), and a blocked thread's wake-up leaves the GPU idle.
-          ok = create(&g_be.events[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS;
-        if (ok) g_be.ctx = ctx;
+        if (create_events(g_be.events, g_be.ring)) g_be.ctx = ctx;
         else g_be.ring_failed = true;
       }
       if (ctx == g_be.ctx) {
