@@ -893,6 +893,17 @@ void setup_region() {
   ::pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
+// A policy option's value; an unknown one is said once and counts as the
+// default.
+template <Option O>
+choice_t<O> policy() {
+  const Choice<choice_t<O>> c = choice_of<O>();
+  if (c.unknown)
+    log(spdlog::level::warn, "{}={}: unknown value ({}); using {}", option(O).name, c.text, option(O).choices,
+        default_choice_name<O>());
+  return c.value;
+}
+
 void run_init() {
   g_init_thread.store(::pthread_self(), std::memory_order_relaxed);
   g_in_init.store(true, std::memory_order_release);
@@ -901,15 +912,9 @@ void run_init() {
     log(spdlog::level::warn, "{}={}: unknown level ({}); using warn", kLogEnv, std::getenv(kLogEnv), kLogLevelNames);
 
   // The policies (options.hpp): an unknown value keeps the safe default.
-  for (const Option o : {Option::kOnUnsupported, Option::kOnClusterMisfit, Option::kSmCount}) {
-    const ChoiceValue c = choice(o);
-    if (c.unknown)
-      log(spdlog::level::warn, "{}={}: unknown value ({}); using {}", option(o).name, c.value, option(o).choices,
-          std::string_view(option(o).choices).substr(0, std::string_view(option(o).choices).find('|')));
-    if (o == Option::kOnUnsupported) g_warn_unsupported.store(c.index == 1, std::memory_order_relaxed);
-    else if (o == Option::kOnClusterMisfit) g_widen_clusters.store(c.index == 1, std::memory_order_relaxed);
-    else g_partition_sm_count.store(c.index == 1, std::memory_order_relaxed);
-  }
+  g_warn_unsupported.store(policy<Option::kOnUnsupported>() == OnUnsupported::kWarn, std::memory_order_relaxed);
+  g_widen_clusters.store(policy<Option::kOnClusterMisfit>() == OnClusterMisfit::kWiden, std::memory_order_relaxed);
+  g_partition_sm_count.store(policy<Option::kSmCount>() == SmCount::kPartition, std::memory_order_relaxed);
   const bool warn_only = g_warn_unsupported.load(std::memory_order_relaxed);
 
   // The real driver. dladdr names this very file, however the loader found it.

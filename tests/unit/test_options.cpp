@@ -3,6 +3,7 @@
 // documented, and the man page documents exactly the options meant for users.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -24,6 +25,32 @@ TEST(Options, ChoicesParseCaseInsensitivelyWithTheDefaultFirst) {
   EXPECT_EQ(bad.index, 0u);  // unknown means the safe default
   EXPECT_EQ(parse_choice(option(Option::kOnUnsupported), "Warn").index, 1u);
   EXPECT_EQ(parse_choice(option(Option::kLog), "off").index, 5u);
+}
+
+TEST(Options, TypedChoicesNameTheirValues) {
+  EXPECT_EQ(parse_choice_of<Option::kOnClusterMisfit>(nullptr).value, OnClusterMisfit::kAbort);
+  EXPECT_EQ(parse_choice_of<Option::kOnClusterMisfit>("Widen").value, OnClusterMisfit::kWiden);
+  EXPECT_EQ(parse_choice_of<Option::kOnUnsupported>("warn").value, OnUnsupported::kWarn);
+  EXPECT_EQ(parse_choice_of<Option::kMpsOtherUser>("FAIL").value, MpsOtherUser::kFail);
+  EXPECT_EQ(parse_choice_of<Option::kSmCount>("partition").value, SmCount::kPartition);
+  const auto bad = parse_choice_of<Option::kSmCount>("half");
+  EXPECT_TRUE(bad.unknown);
+  EXPECT_EQ(bad.value, SmCount::kDevice);  // unknown means the safe default
+  EXPECT_STREQ(bad.text, "half");
+  EXPECT_STREQ(choice_name<Option::kMpsOtherUser>(MpsOtherUser::kFail), "fail");
+  EXPECT_STREQ(default_choice_name<Option::kOnClusterMisfit>(), "abort");
+  static_assert(parse_choice_of<Option::kOnClusterMisfit>("widen").value == OnClusterMisfit::kWiden);
+}
+
+TEST(Options, TypedChoicesReadTheEnvironment) {
+  const char* name = option(Option::kMpsOtherUser).name;
+  ::setenv(name, "fail", 1);
+  EXPECT_EQ(choice_of<Option::kMpsOtherUser>().value, MpsOtherUser::kFail);
+  ::setenv(name, "", 1);
+  EXPECT_EQ(choice_of<Option::kMpsOtherUser>().value, MpsOtherUser::kWait);
+  EXPECT_FALSE(choice_of<Option::kMpsOtherUser>().unknown);
+  ::unsetenv(name);
+  EXPECT_EQ(choice_of<Option::kMpsOtherUser>().value, MpsOtherUser::kWait);
 }
 
 TEST(Options, ManPageDocumentsExactlyTheUserOptions) {

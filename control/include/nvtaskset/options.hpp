@@ -147,6 +147,99 @@ constexpr ChoiceValue parse_choice(const OptionDesc& d, const char* value) noexc
 
 inline ChoiceValue choice(Option o) noexcept { return parse_choice(option(o), option_value(o)); }
 
+// ---- typed choices ----------------------------------------------------------
+// Each choice option's values as an enum, enumerators in the order of the
+// table's `choices` (the default first, value 0), so that call sites name a
+// value instead of comparing an index. choice_names<O> spells them out; a
+// static_assert below holds it equal to the table, so an enum cannot drift
+// from the values the option accepts and --help documents.
+enum class OnUnsupported : unsigned { kAbort, kWarn };
+enum class OnClusterMisfit : unsigned { kAbort, kWiden };
+enum class MpsOtherUser : unsigned { kWait, kFail };
+enum class SmCount : unsigned { kDevice, kPartition };
+
+template <Option O>
+struct ChoiceOf;  // defined for the choice options that have an enum
+template <>
+struct ChoiceOf<Option::kOnUnsupported> {
+  using type = OnUnsupported;
+  static constexpr const char* names[] = {"abort", "warn"};
+};
+template <>
+struct ChoiceOf<Option::kOnClusterMisfit> {
+  using type = OnClusterMisfit;
+  static constexpr const char* names[] = {"abort", "widen"};
+};
+template <>
+struct ChoiceOf<Option::kMpsOtherUser> {
+  using type = MpsOtherUser;
+  static constexpr const char* names[] = {"wait", "fail"};
+};
+template <>
+struct ChoiceOf<Option::kSmCount> {
+  using type = SmCount;
+  static constexpr const char* names[] = {"device", "partition"};
+};
+
+template <Option O>
+using choice_t = typename ChoiceOf<O>::type;
+
+// Whether ChoiceOf<O>::names, joined with '|', is the table's `choices`.
+template <Option O>
+constexpr bool choice_names_match() noexcept {
+  std::string_view rest = option(O).choices;
+  if (option(O).kind != OptionKind::kChoice) return false;
+  for (const char* name : ChoiceOf<O>::names) {
+    const std::string_view n = name;
+    if (rest.substr(0, n.size()) != n) return false;
+    rest.remove_prefix(n.size());
+    if (!rest.empty()) {
+      if (rest.front() != '|') return false;
+      rest.remove_prefix(1);
+    }
+  }
+  return rest.empty();
+}
+static_assert(choice_names_match<Option::kOnUnsupported>());
+static_assert(choice_names_match<Option::kOnClusterMisfit>());
+static_assert(choice_names_match<Option::kMpsOtherUser>());
+static_assert(choice_names_match<Option::kSmCount>());
+
+// A choice option's value: `value` is the default when unset or unknown;
+// `unknown` says the option was set to none of its values (`text`, the
+// value as set, and default_name, for the caller's one warning).
+template <class E>
+struct Choice {
+  E value{};
+  bool unknown = false;
+  const char* text = nullptr;
+};
+
+template <Option O>
+constexpr Choice<choice_t<O>> parse_choice_of(const char* value) noexcept {
+  const ChoiceValue c = parse_choice(option(O), value);
+  return {static_cast<choice_t<O>>(c.index), c.unknown, c.value};
+}
+
+// The value of choice option O in this process's environment. Allocation-
+// free (getenv and comparisons): the shim's init reads its options with it.
+template <Option O>
+Choice<choice_t<O>> choice_of() noexcept {
+  return parse_choice_of<O>(option_value(O));
+}
+
+// The name of a value of choice option O ("widen").
+template <Option O>
+constexpr const char* choice_name(choice_t<O> v) noexcept {
+  return ChoiceOf<O>::names[static_cast<unsigned>(v)];
+}
+
+// The name of choice option O's default (its first value).
+template <Option O>
+constexpr const char* default_choice_name() noexcept {
+  return ChoiceOf<O>::names[0];
+}
+
 // A number option: its value when it is a decimal number within
 // [lo, hi], else `def`; `bad` is set for a value that is not (the caller
 // says so once).
