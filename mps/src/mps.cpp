@@ -6,19 +6,17 @@
 // and bound every wait so that a daemon that never answers cannot hang the CLI.
 #include "nvtaskset/mps.hpp"
 #include "nvtaskset/options.hpp"
+#include "nvtaskset/spawn.hpp"
 #include "nvtaskset/trusted_file.hpp"
 
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <spdlog/spdlog.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -35,40 +33,13 @@
 #include <utility>
 #include <vector>
 
-extern char** environ;
-
 namespace nvtaskset::mps {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// Closes an fd on scope exit; -1 means none.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  Fd& operator=(Fd&& o) noexcept {
-    if (this != &o) {
-      reset();
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  ~Fd() { reset(); }
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
+using Fd = process::UniqueFd;
 
 std::optional<std::string> env_nonempty(const char* name) {
   const char* v = std::getenv(name);
@@ -278,15 +249,6 @@ Binary resolve_binary(const Options& opts) {
 // ---------------------------------------------------------------------------
 // Running `<binary> -d`.
 
-std::string describe_status(int status) {
-  if (WIFEXITED(status)) return fmt::format("exited with status {}", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) {
-    return fmt::format("was killed by signal {} ({})", WTERMSIG(status),
-                       ::strsignal(WTERMSIG(status)));
-  }
-  return fmt::format("ended with wait status {:#x}", status);
-}
-
 // The first non-empty line the program printed, for the one-line error.
 std::string first_output_line(int fd) {
   if (fd < 0) return {};
@@ -315,123 +277,47 @@ std::string first_output_line(int fd) {
   return {};
 }
 
-// Returns an fd >= 3 (so the child's dup2 onto 0..2 never has old == new,
-// which would keep FD_CLOEXEC set and lose the stream at exec).
-int above_stdio(int fd) {
-  if (fd < 0 || fd > 2) return fd;
-  int hi = ::fcntl(fd, F_DUPFD_CLOEXEC, 3);
-  ::close(fd);
-  return hi;
-}
-
-#ifndef SYS_close_range
-#define SYS_close_range 436
-#endif
-
 struct Child {
   pid_t pid = -1;
   Fd output;  // memfd with its stdout/stderr (may be -1)
 };
 
-// fork + execve. posix_spawn would do, but closing every inherited fd in the
-// child needs posix_spawn_file_actions_addclosefrom_np (glibc 2.34), newer
-// than some machines the CLI is copied to. Only async-signal-safe calls run
-// between fork and exec (the caller may have threads, e.g. spdlog sinks).
+// `<binary> -d`, a daemon-to-be: stdin /dev/null, stdout and stderr captured,
+// no descriptor of ours and none of our signal state (process::spawn).
 Child spawn_daemon(const Binary& bin, const std::string& pipe_dir, const std::string& log_dir) {
   // Environment: ours, with the pipe and log directories forced, so the
   // daemon and every MPS server it starts use the directories we checked.
-  std::vector<std::string> env_store;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    std::string_view kv(*e);
-    if (kv.starts_with("CUDA_MPS_PIPE_DIRECTORY=") || kv.starts_with("CUDA_MPS_LOG_DIRECTORY="))
-      continue;
-    env_store.emplace_back(kv);
-  }
-  env_store.push_back("CUDA_MPS_PIPE_DIRECTORY=" + pipe_dir);
-  env_store.push_back("CUDA_MPS_LOG_DIRECTORY=" + log_dir);
-  std::vector<char*> envp;
-  for (auto& s : env_store) envp.push_back(s.data());
-  envp.push_back(nullptr);
+  std::vector<std::string> env =
+      process::without_variables(process::current_environment(), {"CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"});
+  env.push_back("CUDA_MPS_PIPE_DIRECTORY=" + pipe_dir);
+  env.push_back("CUDA_MPS_LOG_DIRECTORY=" + log_dir);
+  const process::ExecArgs args({bin.exec_path, "-d"}, std::move(env));
 
-  std::string arg0 = bin.exec_path, arg1 = "-d";
-  char* argv[] = {arg0.data(), arg1.data(), nullptr};
-
-  Fd devnull(above_stdio(::open("/dev/null", O_RDWR | O_CLOEXEC)));
-  if (devnull.get() < 0)
-    throw Error(
-        fmt::format("cannot start the MPS control daemon: /dev/null: {}", errno_text(errno)));
   // Capture stdout/stderr in memory, not a pipe: the daemonized grandchild
   // may keep them open for its whole life, and a pipe would then never reach
   // EOF (nor may it be the CLI's own stderr: `nvtaskset ... 2>&1 | cat` would
   // wait for the daemon to quit).
-  Fd output(above_stdio(::memfd_create("nvtaskset-mps-control", MFD_CLOEXEC)));
+  Fd output(::memfd_create("nvtaskset-mps-control", MFD_CLOEXEC));
   if (output.get() < 0)
     spdlog::debug("mps: memfd_create failed ({}); output discarded", errno_text(errno));
-  const int out_fd = output.get() >= 0 ? output.get() : devnull.get();
+  const process::Stream out = output ? process::Stream::fd(output.get()) : process::Stream::null();
 
-  int errpipe[2];
-  if (::pipe2(errpipe, O_CLOEXEC) != 0)
-    throw Error(fmt::format("cannot start the MPS control daemon: pipe: {}", errno_text(errno)));
-  Fd err_r(errpipe[0]), err_w(above_stdio(errpipe[1]));
-
-  struct rlimit rl {};
-  long max_fd = (::getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-                    ? static_cast<long>(rl.rlim_cur)
-                    : 65536;
-  max_fd = std::min(max_fd, 65536L);
-  const int keep = err_w.get();
-
-  pid_t pid = ::fork();
-  if (pid < 0)
-    throw Error(fmt::format("cannot start the MPS control daemon: fork: {}", errno_text(errno)));
-  if (pid == 0) {
-    // Child. Undo what the CLI's signal state would otherwise hand on to a
-    // long-lived daemon: a blocked mask and ignored signals survive exec.
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    for (int s = 1; s < NSIG; ++s)
-      if (s != SIGKILL && s != SIGSTOP) ::sigaction(s, &dfl, nullptr);
-
-    if (::dup2(devnull.get(), 0) < 0 || ::dup2(out_fd, 1) < 0 || ::dup2(out_fd, 2) < 0) {
-      int e = errno;
-      (void)!::write(keep, &e, sizeof(e));
-      ::_exit(127);
-    }
-    // No stray fds: close everything above stdio except the exec-error pipe
-    // (which is close-on-exec itself).
-    auto close_from_to = [&](unsigned lo, unsigned hi) {
-      if (lo > hi) return;
-      if (::syscall(SYS_close_range, lo, hi, 0) != 0)
-        for (long fd = lo; fd <= std::min<long>(hi, max_fd); ++fd) ::close(static_cast<int>(fd));
-    };
-    close_from_to(3, static_cast<unsigned>(keep) - 1);
-    close_from_to(static_cast<unsigned>(keep) + 1, ~0U);
-    ::execve(argv[0], argv, envp.data());
-    int e = errno;
-    (void)!::write(keep, &e, sizeof(e));
-    ::_exit(127);
-  }
-
-  // Parent: the pipe reads EOF at exec, or the errno if exec failed. exec is
-  // immediate, so this read is bounded by the child's own few syscalls.
-  err_w.reset();
-  int child_errno = 0;
-  ssize_t n;
-  do {
-    n = ::read(err_r.get(), &child_errno, sizeof(child_errno));
-  } while (n < 0 && errno == EINTR);
-  if (n == static_cast<ssize_t>(sizeof(child_errno))) {
-    int st = 0;
-    while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-    }
-    if (child_errno == ENOENT) throw_missing(bin.exec_path, "", "");
+  process::SpawnOptions so;
+  so.in = process::Stream::null();
+  so.out = so.err = out;
+  // A long-lived daemon: no stray descriptor of ours, and no blocked mask or
+  // ignored signal of the CLI's.
+  so.close_other_fds = true;
+  so.reset_signals = true;
+  try {
+    return Child{process::spawn(args, so), std::move(output)};
+  } catch (const process::SpawnError& e) {
+    if (e.step() != "exec")
+      throw Error(fmt::format("cannot start the MPS control daemon: {}", e.what()));
+    if (e.error() == ENOENT) throw_missing(bin.exec_path, "", "");
     throw Error(fmt::format("cannot start the MPS control daemon: cannot run {}: {}", bin.exec_path,
-                            errno_text(child_errno)));
+                            errno_text(e.error())));
   }
-  return Child{pid, std::move(output)};
 }
 
 }  // namespace
@@ -569,7 +455,7 @@ EnsureResult ensure_daemon(const Options& opts) {
       pid_t w = ::waitpid(child.pid, &st, WNOHANG);
       if (w == child.pid) {
         reaped = true;
-        spdlog::debug("mps: `{} -d` {} after {} ms", bin.exec_path, describe_status(st),
+        spdlog::debug("mps: `{} -d` {} after {} ms", bin.exec_path, process::describe_status(st),
                       elapsed_ms());
         if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !answered) {
           // Two CLIs racing to start the daemon: the loser's control program
@@ -581,7 +467,7 @@ EnsureResult ensure_daemon(const Options& opts) {
           std::string out = first_output_line(child.output.get());
           throw Error(fmt::format(
               "cannot start the MPS control daemon: `{} -d` {} (log directory {}){}{}",
-              bin.exec_path, describe_status(st), r.log_dir, out.empty() ? "" : ": ", out));
+              bin.exec_path, process::describe_status(st), r.log_dir, out.empty() ? "" : ": ", out));
         }
       } else if (w < 0 && errno == ECHILD) {
         // Someone else reaped it (SIGCHLD ignored by the caller): the status
@@ -614,12 +500,7 @@ EnsureResult ensure_daemon(const Options& opts) {
     return r;
   }
 
-  if (!reaped) {
-    ::kill(child.pid, SIGKILL);
-    int st = 0;
-    while (::waitpid(child.pid, &st, 0) < 0 && errno == EINTR) {
-    }
-  }
+  if (!reaped) process::kill_and_reap(child.pid);
   std::string out = first_output_line(child.output.get());
   throw Error(fmt::format(
       "cannot start the MPS control daemon: `{} -d` did not answer on {} within {} ms (log "
@@ -638,47 +519,34 @@ struct Query {
   int out = -1;  // its stdout
 };
 
-// posix_spawn, not fork: the CLI is not copied for a program that execs at
-// once (this runs in every launch, docs/results.md Fig. 11a). nullopt when
-// it cannot be started.
+// Started with posix_spawn (process::spawn), not fork: the CLI is not copied
+// for a program that execs at once (this runs in every launch,
+// docs/results.md Fig. 11a). nullopt when it cannot be started.
 std::optional<Query> start_query(const Binary& bin, const std::string& commands) {
-  int in[2], out[2];
-  if (::pipe2(in, O_CLOEXEC) != 0) return std::nullopt;
-  if (::pipe2(out, O_CLOEXEC) != 0) {
-    ::close(in[0]);
-    ::close(in[1]);
+  try {
+    process::Pipe in = process::make_pipe(), out = process::make_pipe();
+    process::SpawnOptions so;
+    so.in = process::Stream::fd(in.read.get());
+    so.out = process::Stream::fd(out.write.get());
+    so.err = process::Stream::null();
+    const pid_t pid = process::spawn(process::ExecArgs({bin.exec_path}), so);
+    in.read.reset();
+    out.write.reset();
+    // A few bytes: they fit the pipe, so this never blocks.
+    (void)!::write(in.write.get(), commands.data(), commands.size());
+    in.write.reset();
+    ::fcntl(out.read.get(), F_SETFL, O_NONBLOCK);
+    return Query{pid, out.read.release()};
+  } catch (const process::SpawnError& e) {
+    spdlog::debug("mps: cannot run {}: {}", bin.exec_path, e.what());
     return std::nullopt;
   }
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-  posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-  std::string arg0 = bin.exec_path;
-  char* argv[] = {arg0.data(), nullptr};
-  pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, arg0.c_str(), &fa, nullptr, argv, environ);
-  posix_spawn_file_actions_destroy(&fa);
-  ::close(in[0]);
-  ::close(out[1]);
-  if (rc != 0) {
-    ::close(in[1]);
-    ::close(out[0]);
-    return std::nullopt;
-  }
-  // A few bytes: they fit the pipe, so this never blocks.
-  (void)!::write(in[1], commands.data(), commands.size());
-  ::close(in[1]);
-  ::fcntl(out[0], F_SETFL, O_NONBLOCK);
-  return Query{pid, out[0]};
 }
 
 void abandon_query(Query& q) {
   if (q.pid <= 0) return;
   ::close(q.out);
-  ::kill(q.pid, SIGKILL);
-  while (::waitpid(q.pid, nullptr, 0) < 0 && errno == EINTR) {
-  }
+  process::kill_and_reap(q.pid);
   q.pid = -1;
 }
 
