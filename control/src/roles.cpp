@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -228,11 +229,18 @@ void BurstBudget::advance(std::uint64_t now, bool busy) noexcept {
     if (busy_since_ == 0) busy_since_ = now - dt;
     if (allowed_ && (share_ > p_.stop_share || now - busy_since_ >= p_.max_burst_ns)) {
       allowed_ = false;
+      stopped_at_ = now;
       ++saturations_;
     }
   } else {
     busy_since_ = 0;
-    if (!allowed_ && share_ < p_.resume_share) allowed_ = true;
+    if (!allowed_ && share_ < p_.resume_share) {
+      allowed_ = true;
+    } else if (!allowed_ && p_.resume_after_ns != 0 && now - stopped_at_ >= p_.resume_after_ns) {
+      // Stopped long enough: try again at the resume share (roles.hpp says why).
+      allowed_ = true;
+      share_ = std::min(share_, p_.resume_share);
+    }
   }
 }
 

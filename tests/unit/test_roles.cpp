@@ -144,7 +144,11 @@ TEST(BurstBudget, AHighShareStopsItWithoutALongPeriod) {
 }
 
 TEST(BurstBudget, ResumesOnlyWhenIdleAndTheShareIsBelowResume) {
-  BurstBudget b;
+  // The share's rule alone (the time-out is tested below: here it would
+  // come first, 900 ms after the stop).
+  BudgetParams p;
+  p.resume_after_ns = 0;
+  BurstBudget b(p);
   b.advance(kT0, false);
   std::uint64_t t = kT0;
   for (unsigned ms = 0; ms < 1000; ++ms) b.advance(t += kMs, true);  // share ~0.99
@@ -193,6 +197,85 @@ TEST(BurstBudget, BusyNeverResumesEvenWithALowShare) {
   b.advance(t += kMs, true);
   EXPECT_FALSE(b.may_burst());
   EXPECT_EQ(b.saturations(), 2u);
+}
+
+TEST(BurstBudget, AStoppedTaskBurstsAgainAfterTheTimeOut) {
+  // The trace of an LC task whose load is light while it bursts (2 ms of
+  // work every 10 ms) but heavy on its reservation alone (6 ms of every
+  // 10 ms: docs/results.md, GPT-2 at 87 requests/s on 16 TPCs). Stopped,
+  // its share stays near 0.6, above the resume share, for ever; the
+  // time-out lets it try again, and bursting, it stays light.
+  for (const bool timeout : {false, true}) {
+    BudgetParams p;
+    if (!timeout) p.resume_after_ns = 0;
+    BurstBudget b(p);
+    b.advance(kT0, false);
+    std::uint64_t t = kT0;
+    for (unsigned ms = 0; ms < 100; ++ms) b.advance(t += kMs, true);  // one long request
+    ASSERT_FALSE(b.may_burst());
+    const std::uint64_t stopped = t;
+    std::uint64_t resumed = 0;
+    for (const Sample& s : duty_cycle(t, 6, 4, 300)) {  // 3 s on the reservation
+      b.advance(s.t, s.busy);
+      if (b.may_burst()) {
+        resumed = s.t;
+        EXPECT_FALSE(s.busy) << "resumed in the middle of a request";
+        break;
+      }
+      EXPECT_GT(b.share(), p.resume_share) << "at " << (s.t - stopped) / kMs << " ms";
+    }
+    if (!timeout) {
+      EXPECT_EQ(resumed, 0u) << "the share alone never lets it resume";
+      continue;
+    }
+    ASSERT_NE(resumed, 0u);
+    EXPECT_GE(resumed - stopped, p.resume_after_ns);
+    EXPECT_LT(resumed - stopped, p.resume_after_ns + 10 * kMs) << "the first idle pass after the time-out";
+    EXPECT_LE(b.share(), p.resume_share);
+    // Bursting, the same requests take 2 ms: it keeps bursting.
+    for (const Sample& s : duty_cycle(resumed, 2, 8, 300)) {
+      b.advance(s.t, s.busy);
+      ASSERT_TRUE(b.may_burst()) << (s.t - resumed) / kMs << " ms after resuming, share " << b.share();
+    }
+    EXPECT_EQ(b.saturations(), 1u);
+  }
+}
+
+TEST(BurstBudget, AClosedLoopPaysOneShortProbePerTimeOut) {
+  // A closed loop: busy but for a 1 ms gap every 20 ms, at any speed. After
+  // its first stop it may burst only in one probe per time-out, each ended
+  // within the 52 ms the share needs to climb from 0.35 past 0.5.
+  BurstBudget b;
+  b.advance(kT0, false);
+  std::uint64_t allowed_busy_ms = 0, busy_ms = 0;
+  bool first_stop_seen = false;
+  for (const Sample& s : duty_cycle(kT0, 19, 1, 500)) {  // 10 s
+    b.advance(s.t, s.busy);
+    if (!b.may_burst()) first_stop_seen = true;
+    if (!first_stop_seen || !s.busy) continue;
+    ++busy_ms;
+    if (b.may_burst()) ++allowed_busy_ms;
+  }
+  ASSERT_TRUE(first_stop_seen);
+  // About 9 probes (one per second after the first stop) of at most ~55 ms.
+  EXPECT_GE(b.saturations(), 8u);
+  EXPECT_LE(b.saturations(), 11u);
+  EXPECT_LE(allowed_busy_ms, 11u * 56u);
+  EXPECT_LT(static_cast<double>(allowed_busy_ms) / static_cast<double>(busy_ms), 0.07);
+}
+
+TEST(BurstBudget, TheHoldBudgetHasNoTimeOut) {
+  // A BE task held half its time or more stays unheld until its own share
+  // falls: an LC task cannot win the hold back by waiting.
+  BurstBudget b(kHoldBudget);
+  b.advance(kT0, false);
+  std::uint64_t t = kT0;
+  for (unsigned ms = 0; ms < 100; ++ms) b.advance(t += kMs, true);
+  ASSERT_FALSE(b.may_burst());
+  for (const Sample& s : duty_cycle(t, 6, 4, 300)) {
+    b.advance(s.t, s.busy);
+    ASSERT_FALSE(b.may_burst()) << (s.t - t) / kMs << " ms after the stop";
+  }
 }
 
 TEST(BurstBudget, TheHoldBudgetBoundsAWaitingBestEffortTask) {

@@ -152,17 +152,29 @@ bool peer_alive(const Peer& p);
 // ---- the policy (pure) ---------------------------------------------------------------
 
 // What the controller may burst: an exponentially weighted share of time
-// busy (time constant kBudgetTauNs), and the length of the current busy
-// period. Bursting stops when the share passes kBurstStop or one busy period
-// lasts kMaxBurstNs, and starts again once the share is below kBurstResume
-// and the task was idle. A task that keeps the GPU busy (a closed loop)
-// then runs on its reservation next to BE tasks on their floors, instead of
+// busy (time constant tau_ns), and the length of the current busy period.
+// Bursting stops when the share passes stop_share or one busy period lasts
+// max_burst_ns, and starts again once the share is below resume_share and
+// the task was idle. A task that keeps the GPU busy (a closed loop) then
+// runs on its reservation next to BE tasks on their floors, instead of
 // starving them.
+//
+// The share is measured at the speed the task runs at, and a task stopped
+// from bursting runs slower, so it is busier: a load that is light while it
+// bursts can be heavy on the reservation alone (GPT-2 inference at 87
+// requests/s is about 60% busy on 16 TPCs of an H100, docs/results.md) and
+// would never fall below the resume share again. So after resume_after_ns
+// stopped, the first idle pass lets it burst again, its share lowered to
+// the resume share: a task that bursts its way back to a light load keeps
+// bursting; a closed loop, busy at any speed, is stopped again within
+// tau * ln((1 - resume) / (1 - stop)) = 52 ms, one such probe per
+// resume_after_ns. 0: no time-out.
 struct BudgetParams {
   std::uint64_t tau_ns = 200'000'000;
   double stop_share = 0.5;
   double resume_share = 0.35;
   std::uint64_t max_burst_ns = 100'000'000;
+  std::uint64_t resume_after_ns = 1'000'000'000;
 };
 
 class BurstBudget {
@@ -178,6 +190,7 @@ class BurstBudget {
   BudgetParams p_;
   std::uint64_t last_ = 0;
   std::uint64_t busy_since_ = 0;  // 0: idle
+  std::uint64_t stopped_at_ = 0;  // when bursting last stopped
   double share_ = 0;
   bool allowed_ = true;
   bool started_ = false;
@@ -206,7 +219,9 @@ BeAction be_action(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noe
 // A BE task holds for an LC task for at most this long in a row, and at
 // most half of its time (a BurstBudget of its own): an LC task that claims
 // to burst for ever, by fault or by design, cannot stop it.
-inline constexpr BudgetParams kHoldBudget{200'000'000, 0.5, 0.35, 100'000'000};
+// No resume time-out: this bound is the BE task's own, not a guess about
+// how fast the LC task would run.
+inline constexpr BudgetParams kHoldBudget{200'000'000, 0.5, 0.35, 100'000'000, 0};
 
 // The floor of a BE partition: what is left of it without the LC
 // reservations on its GPU. Empty when nothing is.
