@@ -68,6 +68,7 @@ Launch = collections.namedtuple("Launch", "prefix env")
 Setup = collections.namedtuple("Setup", "name mps lc be about")
 
 BASE_GPU, BASE_RES, BASE_BE, ROLES = "lc-alone-gpu", "lc-alone-res", "be-alone", "roles"
+BASE_SIZED = "lc-alone-res-sized"
 # A --best-effort task's launches in flight (nvtaskset's options.hpp: 1-1024, default 16); --be-depth
 # sets it for the roles setup's BE only.
 BE_DEPTH_ENV = "NVTASKSET_BE_DEPTH"
@@ -88,6 +89,10 @@ def setup_table(nv, lc_n, be_n, be_depth=None):
               f"MPS clients, {PCT}=25 (LC) / 75 (BE)"),
         Setup("static", True, lc_res, Launch([nv, "-n", str(be_n), "--exclusive"], {}),
               f"nvtaskset -n {lc_n} --exclusive (LC) / -n {be_n} --exclusive (BE)"),
+        # Only when named in --setups: is sizing the task to its partition (cudaDevAttrMultiProcessorCount
+        # = its SMs) worth making the default of -n? (issue 22, "Sizing the task to its partition")
+        Setup(BASE_SIZED, True, Launch(lc_res.prefix + ["--partition-sm-count"], {}), None,
+              f"LC alone on its reservation, sized to it: nvtaskset -n {lc_n} --exclusive --partition-sm-count"),
         # ---- HOOK, issue 22: the roles. Only with --with-roles (checked against nvtaskset --help). ----
         Setup(ROLES, True, Launch([nv, "-n", str(lc_n), "--latency-critical"], {}),
               Launch([nv, "--best-effort"], be_role_env),
@@ -1066,7 +1071,7 @@ def parse_args(argv):
             ap.error("--setups roles needs --with-roles")
         setups = [s for s in table if s.name in want]
     else:
-        setups = [s for s in table if s.name != ROLES or a.with_roles]
+        setups = [s for s in table if (s.name != ROLES or a.with_roles) and s.name != BASE_SIZED]
     if a.with_roles and ROLES not in [s.name for s in setups]:
         setups.append(table[names.index(ROLES)])
     if a.be_depth is not None and ROLES not in [s.name for s in setups]:

@@ -11,7 +11,8 @@ Every GPU command has a timeout. Each check prints PASS/FAIL with its evidence;
 the exit status is the number of failures. Sections: calibrate, probe, lists,
 gpc, live, mps, torch, bench, errors, multi (needs 2 GPUs), systemwide, graphs,
 clusters, libclusters, torchgraphs, graphoverhead, graphbench, hardening, sharing,
-racing, multiuser, smcount, startupcache, trust (issue 21: needs root; tests/gpu/run_trust.sh runs it)
+racing, multiuser, smcount, startupcache, roles (issue 22),
+trust (issue 21: needs root; tests/gpu/run_trust.sh runs it)
 (default: all).
 """
 import json
@@ -1981,8 +1982,188 @@ def section_trust():
         log(f"INFO trust {name}: {time.monotonic() - t0:.1f}s")
 
 
+def status_of(pid):
+    """pid's entry in `nvtaskset --status --json` (None when it has none)."""
+    rc, out, err, _ = run([NV, "--status", "--json"], timeout=60)
+    try:
+        return next((t for t in json.loads(out)["tasks"] if t["pid"] == pid), None)
+    except (ValueError, KeyError):
+        return None
+
+
+def wait_state(pid, want, timeout=15):
+    """Polls --status until pid's controller state is `want`; returns the last state seen."""
+    t0, state = time.monotonic(), None
+    while time.monotonic() - t0 < timeout:
+        e = status_of(pid)
+        state = ((e or {}).get("controller") or {}).get("state")
+        if state == want:
+            break
+        time.sleep(0.2)
+    return state
+
+
+def roles_lc_task(tpcs, name, interval_ms=100, mps=False):
+    """An LC smid_probe on -t tpcs that launches one kernel every interval_ms until its until-file exists."""
+    until, ready = fresh_path(f"{name}-until"), fresh_path(f"{name}-ready")
+    cmd = [NV] + ([] if mps else ["--no-mps"]) + ["-t", tpcs, "--latency-critical", f"{GPUBIN}/smid_probe",
+                                                  "--interval-ms", str(interval_ms), "--until-file", until,
+                                                  "--ready-file", ready]
+    return Task(cmd, name), until, ready
+
+
+def section_roles():
+    """Issue 22's roles on the hardware, outside MPS (exact TPCs by %smid): two LC tasks burst around each
+    other's reservations, a third that overlaps is refused; a best-effort task keeps off the reservation of a
+    stopped (stale) LC task and of a saturated one, and gets it back when the LC task dies; the same for a BE
+    task of another Unix user. Under MPS, by throughput: a BE task's compute-bound work next to a stale LC task
+    on -n 16 takes about 66/50 of its time alone."""
+    import signal
+    stop_mps_safely()
+    allt, rc, err = probe_tpcs([NV, "--no-mps", "--best-effort"])
+    check("roles a: a best-effort task with no LC task runs on every TPC", allt is not None and len(allt) == ntpcs(),
+          f"{ranges(allt or [])} ({err.strip()[-200:]})")
+    res = {}
+    for t in ("0-7", "8-15", "0-15"):
+        res[t], _, _ = probe_tpcs([NV, "--no-mps", "-t", t])
+    if allt is None or any(v is None for v in res.values()):
+        check("roles: the reference probes ran", False, str(res))
+        return
+    # b. Two LC tasks: each bursts onto every TPC but the other's reservation.
+    tb, ub, rb = roles_lc_task("8-15", "roles-lc-b")
+    with tb:
+        ok_b = wait_files([rb], [tb.p], 60)
+        ta, ua, ra = roles_lc_task("0-7", "roles-lc-a")
+        with ta:
+            ok_a = wait_files([ra], [ta.p], 60)
+            time.sleep(1.0)
+            rc3, o3, e3, _ = run([NV, "--no-mps", "-t", "4-11", "--latency-critical", "true"], timeout=60)
+            check("roles b: a third LC task that overlaps both (-t 4-11) is refused in one line",
+                  rc3 != 0 and len(e3.strip().splitlines()) == 1, f"rc={rc3}: {e3.strip()}")
+            sa = status_of(ta.pid)
+            open(ua, "w").close()
+            ta.finish(30)
+            rows_a = smid_rows(ta.outpath)
+        time.sleep(0.5)
+        open(ub, "w").close()
+        tb.finish(30)
+        rows_b = smid_rows(tb.outpath)
+    want_a, want_b = allt - res["8-15"], allt - res["0-7"]
+    check("roles b: LC -t 0-7 next to LC -t 8-15 bursts onto every TPC but 8-15 (last kernel)",
+          ok_a and ok_b and rows_a and rows_a[-1] == want_a,
+          f"{len(rows_a)} kernels, last {ranges(rows_a[-1]) if rows_a else '-'}, want {ranges(want_a)}; "
+          f"--status: {(sa or {}).get('tpcs')} {(sa or {}).get('controller')}")
+    check("roles b: LC -t 8-15 ran on everything, or everything but 0-7 while LC -t 0-7 lived, and on each",
+          rows_b and all(r in (allt, want_b) for r in rows_b) and want_b in rows_b and allt in rows_b,
+          f"{len(rows_b)} kernels: {sorted(set(ranges(r) for r in rows_b))}")
+    # c. A stopped LC task: its controller goes stale, BE keeps off its reservation without waiting for it.
+    #    Killed: its reservation is free again.
+    tc, uc, rc_ = roles_lc_task("8-15", "roles-lc-stale")
+    with tc:
+        ready = wait_files([rc_], [tc.p], 60)
+        os.kill(tc.pid, signal.SIGSTOP)
+        time.sleep(0.6)
+        state = wait_state(tc.pid, "stale", 5)
+        t0 = time.monotonic()
+        be, rcb, errb = probe_tpcs([NV, "--no-mps", "--best-effort"])
+        dt = time.monotonic() - t0
+        check("roles c: LC -t 8-15 stopped (SIGSTOP): --status says its controller is stale",
+              ready and state == "stale", f"state {state}")
+        check("roles c: a BE task next to it runs on every TPC but 8-15, without waiting for it (< 10 s)",
+              be == allt - res["8-15"] and dt < 10, f"{ranges(be or [])} in {dt:.1f}s rc={rcb} {errb.strip()[-200:]}")
+        os.kill(tc.pid, signal.SIGKILL)
+        os.kill(tc.pid, signal.SIGCONT)
+        tc.finish(30)
+    be2, _, _ = probe_tpcs([NV, "--no-mps", "--best-effort"])
+    check("roles c: LC task killed (SIGKILL): a BE task runs on every TPC again", be2 == allt, ranges(be2 or []))
+    # d. A saturated LC task (compute-bound, back to back, on -t 0-15): it runs on its reservation and BE
+    #    kernels on their floor, as the same BE probe of another Unix user does.
+    rc, out, err, dt = run([f"{GPUBIN}/busy", "--work", "40"], timeout=120)
+    m = re.search(r"busy: ([\d.]+) s", out)
+    per = float(m.group(1)) / 40 if m else 0.01
+    work = max(40, int(6.0 / max(per, 1e-4)))  # about 6 s on every TPC
+    two_users()
+    rc, out, err, _ = run([NV, "--topology", "--json"], timeout=120)
+    with open(HARD + "/topology.json", "w") as f:  # nvt-b reads the layout root found
+        f.write(json.dumps(json.loads(out)["devices"][0]))
+    os.chmod(HARD + "/topology.json", 0o644)
+
+    def run_as(user, cmd):
+        e = user_env(user)
+        e["NVTASKSET_TOPOLOGY"] = HARD + "/topology.json"
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=60, preexec_fn=as_user(user), env=e)
+            rc, out, err = p.returncode, p.stdout, p.stderr
+        except subprocess.TimeoutExpired:
+            rc, out, err = 124, "", "[TIMEOUT]"
+        LOG.write(f"$ [as {user}] {' '.join(cmd)}  [rc={rc}]\n{out}{err}\n")
+        return rc, out, err
+
+    with Task([NV, "--no-mps", "-t", "0-15", "--latency-critical", f"{GPUBIN}/busy", "--work", str(work)],
+              "roles-lc-sat") as ts:
+        state = wait_state(ts.pid, "saturated", 15)
+        check("roles d: LC -t 0-15 running compute-bound kernels back to back: --status says saturated",
+              state == "saturated", f"state {state} (busy --work {work}, {per * 1e3:.2f} ms a kernel alone)")
+        rc, out, err, _ = run([NV, "--no-mps", "--best-effort", f"{GPUBIN}/smid_probe", "--iters", "3"], timeout=60)
+        rows = [parse_ranges(l.split()[-1]) for l in out.splitlines() if l.startswith("iter ")]
+        st = wait_state(ts.pid, "saturated", 1)
+        check("roles d: a BE task's kernels next to it run on every TPC but 0-15 (its floor)",
+              rc == 0 and len(rows) == 3 and all(r == allt - res["0-15"] for r in rows) and st == "saturated",
+              f"{[ranges(r) for r in rows]} rc={rc} (LC still {st}) {err.strip()[-200:]}")
+        rc, out, err = run_as("nvt-b", [HARD + "/bin/nvtaskset", "--no-mps", "--best-effort", HARD + "/smid_probe",
+                                        "--iters", "2"])
+        rows2 = [parse_ranges(l.split()[-1]) for l in out.splitlines() if l.startswith("iter ")]
+        check("roles d: the same BE task as another Unix user (nvt-b) keeps off it too",
+              rc == 0 and len(rows2) == 2 and all(r == allt - res["0-15"] for r in rows2),
+              f"{[ranges(r) for r in rows2]} rc={rc} {err.strip()[-200:]}")
+        rcp, op, ep = run_as("nvt-b", [HARD + "/bin/nvtaskset", "-p", "-t", "16-31", str(ts.pid)])
+        check("roles d: the other user cannot steer the LC task (-p -t 16-31)", rcp != 0, f"rc={rcp} {ep.strip()}")
+        ts.kill()
+    # e. Under MPS, by throughput: BE's compute-bound work alone, next to a stale LC task on -n 16, and after
+    #    the LC task died.
+    times = {}
+    tl = None
+    try:
+        rc, out, err, _ = run([NV, "--best-effort", f"{GPUBIN}/busy", "--work", str(work // 3)], timeout=120)
+        m = re.search(r"busy: ([\d.]+) s", out)
+        times["alone"] = float(m.group(1)) if m else None
+        # The reference: the same work on a plain partition of as many TPCs as the floor has (a BE kernel's
+        # blocks come in waves, so the time is not simply proportional to the TPC count).
+        rc, out, err, _ = run([NV, "-n", str(ntpcs() - 16), f"{GPUBIN}/busy", "--work", str(work // 3)], timeout=120)
+        m = re.search(r"busy: ([\d.]+) s", out)
+        times["n_floor"] = float(m.group(1)) if m else None
+        until, ready = fresh_path("roles-mps-until"), fresh_path("roles-mps-ready")
+        tl = Task([NV, "-n", "16", "--latency-critical", f"{GPUBIN}/smid_probe", "--interval-ms", "100",
+                   "--until-file", until, "--ready-file", ready], "roles-mps-lc")
+        with tl:
+            ok = wait_files([ready], [tl.p], 60)
+            os.kill(tl.pid, signal.SIGSTOP)
+            state = wait_state(tl.pid, "stale", 5)
+            rc, out, err, _ = run([NV, "--best-effort", f"{GPUBIN}/busy", "--work", str(work // 3)], timeout=120)
+            m = re.search(r"busy: ([\d.]+) s", out)
+            times["stale"] = float(m.group(1)) if m else None
+            os.kill(tl.pid, signal.SIGKILL)
+            os.kill(tl.pid, signal.SIGCONT)
+            tl.finish(30)
+        rc, out, err, _ = run([NV, "--best-effort", f"{GPUBIN}/busy", "--work", str(work // 3)], timeout=120)
+        m = re.search(r"busy: ([\d.]+) s", out)
+        times["after"] = float(m.group(1)) if m else None
+    finally:
+        stop_mps_safely()
+    if None in times.values() or len(times) < 4:
+        check("roles e: the MPS throughput runs completed", False, str(times))
+        return
+    want = times["n_floor"] / times["alone"]
+    r1, r2 = times["stale"] / times["alone"], times["after"] / times["alone"]
+    check(f"roles e (MPS): BE work next to a stale LC task on -n 16 takes what it takes on -n {ntpcs() - 16} "
+          f"({want:.2f}x its time alone, +-12%)",
+          ok and state == "stale" and want > 1.1 and abs(r1 / want - 1) < 0.12, f"{r1:.3f}x ({times}; LC {state})")
+    check("roles e (MPS): after the LC task died, BE work takes its time alone again (+-8%)", abs(r2 - 1) < 0.08,
+          f"{r2:.3f}x")
+
+
 SECTIONS = ["calibrate", "probe", "lists", "gpc", "live", "mps", "torch", "bench", "errors", "multi", "systemwide",
-            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening", "sharing", "racing", "multiuser", "smcount", "startupcache", "queues", "forks", "trust"]
+            "graphs", "clusters", "libclusters", "torchgraphs", "graphoverhead", "graphbench", "hardening", "sharing", "racing", "multiuser", "smcount", "startupcache", "queues", "forks", "roles", "trust"]
 
 if __name__ == "__main__":
     wanted = sys.argv[1:] or SECTIONS
