@@ -10,7 +10,6 @@
 
 #include "nvtaskset/cuda_driver.hpp"
 #include "nvtaskset/device_cache.hpp"
-#include "nvtaskset/idlist.hpp"
 #include "nvtaskset/topology_source.hpp"
 
 namespace nvtaskset::cli {
@@ -170,25 +169,6 @@ const topo::Topology* Devices::known_topology(const topo::DeviceInfo& dev) {
     it = impl_->known.emplace(dev.uuid, std::move(t)).first;
   }
   return it->second ? &*it->second : nullptr;
-}
-
-std::string Devices::cluster_warning(const topo::DeviceInfo& dev, const LogicalTpcSet& tpcs) {
-  const auto it = impl_->topologies.find(dev.uuid);
-  const topo::Topology* t = it != impl_->topologies.end() ? &it->second : known_topology(dev);
-  if (!t) return {};
-  const topo::ClusterCapability cap = topo::cluster_capability(*t, tpcs);
-  std::string w = cap.warning;
-  // The portable cluster size is 8 (CUDA guarantees it on every sm_90+ GPU,
-  // and libraries use it without asking): when a list of at least 4 TPCs
-  // cannot host it, a GPC-aligned list of the same size usually can.
-  constexpr unsigned kPortable = 8;
-  if (cap.known && cap.gpu_largest >= kPortable && cap.largest < kPortable && tpcs.size() >= kPortable / 2) {
-    if (const auto alt = topo::gpc_aligned(*t, tpcs.size());
-        alt && topo::largest_hostable_cluster(*t, *alt) >= kPortable)
-      w += "; a GPC-aligned list of the same size hosts clusters of " +
-           std::to_string(topo::largest_hostable_cluster(*t, *alt)) + ": -t " + format_list(alt->bits);
-  }
-  return w;
 }
 
 std::string Devices::driver_path() {

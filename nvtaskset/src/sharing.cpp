@@ -74,17 +74,6 @@ std::string table_command(const std::vector<std::string>& argv) {
   return printable(s, kCommandShown);
 }
 
-bool applies_to(const DevicePartition& dp, const topo::DeviceInfo& dev) {
-  return dp.partition.active() && (dp.device == dev.uuid || dp.device == kAnyDevice);
-}
-
-GpcSet gpcs_of(const topo::Topology& t, const LogicalTpcSet& tpcs) {
-  GpcSet g;
-  for (unsigned k : tpcs.bits.indices())
-    if (k < t.tpcs.size() && t.tpcs[k].gpc) g.insert(*t.tpcs[k].gpc);
-  return g;
-}
-
 }  // namespace
 
 std::string user_name(uid_t uid) {
@@ -95,116 +84,6 @@ std::string user_name(uid_t uid) {
   return std::to_string(uid);
 }
 
-LogicalTpcSet logical_view(const Partition& p, const topo::Topology* t) {
-  if (!p.tpcs.empty() || t == nullptr) return p.tpcs;
-  return topo::logical_of_physical(*t, p.enabled);
-}
-
-std::vector<Holder> holders_on(const std::vector<ctl::StatusEntry>& status, const topo::DeviceInfo& dev,
-                               const topo::Topology* t, const std::set<pid_t>& exclude) {
-  std::vector<Holder> out;
-  for (const auto& e : status) {
-    if (exclude.count(e.pid)) continue;
-    // A device-specific partition wins over the any-device one, as in the shim.
-    const DevicePartition* best = nullptr;
-    for (const auto& dp : e.partitions)
-      if (applies_to(dp, dev) && (best == nullptr || dp.device != kAnyDevice)) best = &dp;
-    if (best == nullptr) continue;
-    const LogicalTpcSet tpcs = logical_view(best->partition, t);
-    if (!tpcs.empty()) out.push_back({e.pid, e.uid, tpcs});
-  }
-  return out;
-}
-
-LogicalTpcSet held_by(const std::vector<Holder>& holders) {
-  LogicalTpcSet s;
-  for (const Holder& h : holders) s.bits = s.bits | h.tpcs.bits;
-  return s;
-}
-
-std::vector<ctl::StatusEntry> changed_since(const std::vector<ctl::StatusEntry>& before,
-                                            const std::vector<ctl::StatusEntry>& after) {
-  std::map<pid_t, const ctl::StatusEntry*> old;
-  for (const auto& e : before) old[e.pid] = &e;
-  std::vector<ctl::StatusEntry> out;
-  for (const auto& e : after) {
-    const auto it = old.find(e.pid);
-    const bool same = it != old.end() && it->second->start_time == e.start_time && it->second->uid == e.uid &&
-                      it->second->partitions == e.partitions;
-    if (!same) out.push_back(e);
-  }
-  return out;
-}
-
-Overlap overlap_with(const topo::Topology* t, const LogicalTpcSet& mine, const std::vector<Holder>& others) {
-  Overlap o;
-  const bool gpcs = t != nullptr && t->gpcs_known();
-  const GpcSet my_gpcs = gpcs ? gpcs_of(*t, mine) : GpcSet{};
-  for (const Holder& h : others) {
-    const Bits128 common = mine.bits & h.tpcs.bits;
-    if (common.any()) {
-      o.share_tpcs.push_back(h.pid);
-      o.common_tpcs.bits = o.common_tpcs.bits | common;
-      continue;
-    }
-    if (!gpcs) continue;
-    const Bits128 g = my_gpcs.bits & gpcs_of(*t, h.tpcs).bits;
-    if (g.any()) {
-      o.share_gpcs.push_back(h.pid);
-      o.common_gpcs.bits = o.common_gpcs.bits | g;
-    }
-  }
-  return o;
-}
-
-Partition claim_union(const Partition& now, const Partition& next) {
-  if (!now.active()) return next;
-  if (!next.active()) return now;
-  Partition u = next;
-  u.enabled.bits = now.enabled.bits | next.enabled.bits;
-  u.widened.bits = now.widened.bits | next.widened.bits;
-  u.max_cluster = std::max(now.max_cluster, next.max_cluster);
-  u.widened_max_cluster = std::max(now.widened_max_cluster, next.widened_max_cluster);
-  if (now.kind == SpecKind::kGpcList && next.kind == SpecKind::kGpcList) {
-    u.gpcs.bits = now.gpcs.bits | next.gpcs.bits;
-  } else {
-    u.gpcs = {};
-    u.kind = SpecKind::kTpcList;
-  }
-  if (!now.tpcs.empty() && !next.tpcs.empty()) {
-    u.tpcs.bits = now.tpcs.bits | next.tpcs.bits;
-  } else {
-    // One side is known only as a mask: the union is one too.
-    u.kind = SpecKind::kPhysical;
-    u.tpcs = {};
-    u.gpcs = {};
-  }
-  return u;
-}
-
-bool repair_entry(ctl::StatusEntry& e, ctl::Region& region) {
-  std::vector<DevicePartition> truth;
-  try {
-    truth = region.read_all();
-  } catch (const std::exception&) {
-    return false;  // corrupt: -p says so; the entry stays as it is
-  }
-  if (truth == e.partitions) return false;
-  const bool held = region.locked();
-  if (!held && !region.try_lock()) return false;  // a writer is under way
-  bool repaired = false;
-  try {
-    truth = region.read_all();  // as it is under the lock
-    if (truth != e.partitions && ctl::publish_status(e.pid, truth, e.role).empty()) {
-      e.partitions = truth;
-      repaired = true;
-    }
-  } catch (const std::exception&) {
-  }
-  if (!held) region.unlock();
-  return repaired;
-}
-
 namespace {
 std::uint64_t monotonic_ns() {
   timespec ts{};
@@ -212,11 +91,6 @@ std::uint64_t monotonic_ns() {
   return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
 }  // namespace
-
-roles::Role role_in(const ctl::Region& region) {
-  const std::uint32_t r = region.header().role.load(std::memory_order_relaxed);
-  return r <= static_cast<std::uint32_t>(roles::Role::kBestEffort) ? static_cast<roles::Role>(r) : roles::Role::kNone;
-}
 
 int print_status(Devices& devices, bool json) {
   std::vector<ctl::StatusEntry> status = ctl::read_status();

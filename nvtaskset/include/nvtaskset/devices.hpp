@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The CLI's view of the GPUs: queried from the real driver once, on first
 // use, with topologies fetched (or calibrated) per device as lists need them.
+// It is the planner's source of layouts (planner.hpp, Layouts).
 #pragma once
 
 #include <sys/types.h>
@@ -12,16 +13,17 @@
 #include <vector>
 
 #include "nvtaskset/partition.hpp"
+#include "nvtaskset/planner.hpp"
 #include "nvtaskset/topology.hpp"
 
 namespace nvtaskset::cli {
 
-class Devices {
+class Devices : public planner::Layouts {
  public:
   // shim_paths: shim copies the driver search must skip. topology_file: the
   // --topology-file / $NVTASKSET_TOPOLOGY override ("" for none).
   Devices(std::vector<std::string> shim_paths, std::string topology_file);
-  ~Devices();
+  ~Devices() override;
 
   const std::vector<topo::DeviceInfo>& all();
   // "" selects device 0; else an index, UUID or PCI bus id. Without cuInit
@@ -35,11 +37,9 @@ class Devices {
   const topo::DeviceInfo& by_uuid(const DeviceUuid& uuid, pid_t pid);
 
   // The layout, calibrating when needed. Throws with a one-line reason.
-  const topo::Topology& topology(const topo::DeviceInfo& dev);
+  const topo::Topology& topology(const topo::DeviceInfo& dev) override;
   // The layout when it is known without calibrating (file, cache, identity).
-  const topo::Topology* known_topology(const topo::DeviceInfo& dev);
-  // A warning when `tpcs` cannot run some cluster size the GPU supports.
-  std::string cluster_warning(const topo::DeviceInfo& dev, const LogicalTpcSet& tpcs);
+  const topo::Topology* known_topology(const topo::DeviceInfo& dev) override;
 
   // The real driver library the query (or the fresh device cache) names.
   std::string driver_path();

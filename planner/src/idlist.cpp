@@ -4,7 +4,7 @@
 #include <bitset>
 #include <cstdio>
 
-namespace nvtaskset::cli {
+namespace nvtaskset {
 
 std::string printable(std::string_view text, std::size_t shown) {
   std::string out;
@@ -165,4 +165,4 @@ Bits128 to_bits(const std::vector<unsigned>& ids, std::string_view what) {
   return b;
 }
 
-}  // namespace nvtaskset::cli
+}  // namespace nvtaskset

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The parsing library of the CLI: taskset's cpu-list and mask syntax, for
-// TPC and GPC IDs. Kept apart from main() (as util-linux keeps cpuset.c apart
-// from taskset.c) so it can be tested on its own.
+// taskset's cpu-list and mask syntax, for TPC and GPC IDs: what the CLI and
+// the planner (request.hpp) parse a request with. Kept apart from the command
+// line (as util-linux keeps cpuset.c apart from taskset.c) so it can be
+// tested on its own, and linked by whoever plans partitions.
 #pragma once
 
 #include <sys/types.h>
@@ -14,7 +15,7 @@
 
 #include "nvtaskset/bits.hpp"
 
-namespace nvtaskset::cli {
+namespace nvtaskset {
 
 // A user-input error; what() is one line, without the "nvtaskset: " prefix.
 struct ParseError : std::invalid_argument {
@@ -66,4 +67,16 @@ inline std::string format_list(const Bits128& ids) { return format_ranges(ids); 
 // IDs as a Bits128; throws ParseError when one is >= 128.
 Bits128 to_bits(const std::vector<unsigned>& ids, std::string_view what);
 
-}  // namespace nvtaskset::cli
+// The command line's names for them (nvtaskset::cli had them first).
+namespace cli {
+using nvtaskset::format_list;
+using nvtaskset::parse_count;
+using nvtaskset::parse_list;
+using nvtaskset::parse_mask;
+using nvtaskset::parse_pid;
+using nvtaskset::ParseError;
+using nvtaskset::printable;
+using nvtaskset::to_bits;
+}  // namespace cli
+
+}  // namespace nvtaskset

@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0
+// What the command line's files share (private to nvtaskset/src): the
+// parsed options, the requests parsed once, and the two commands that run
+// the pipeline parse -> plan -> claim -> deliver -> read back over the
+// planner (../planner): a launch (launch.cpp) and a live change or query of
+// a running task (-p, live.cpp).
+#pragma once
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "nvtaskset/planner.hpp"
+#include "nvtaskset/request.hpp"
+#include "nvtaskset/roles.hpp"
+
+namespace nvtaskset::cli {
+
+// A user-facing failure: printed as one line "nvtaskset: <what>", exit 1.
+struct Failure : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// One list as the user gave it, paired with the -d before it; kind kNone
+// for a -d still waiting for its list.
+struct Given {
+  std::string device;  // "" = the default device
+  planner::RequestKind kind = planner::RequestKind::kNone;
+  std::string text;
+};
+
+struct Options {
+  std::string shim_dir;  // find_shim_dir() of this executable; "" when absent
+  std::vector<Given> given;
+  std::vector<std::string> positionals;
+  bool pid_mode = false;
+  bool no_mps = false;
+  bool show_topology = false;
+  bool json = false;
+  std::string show;  // -p query: list, mask, gpcs or physical ("" = the form it was set in)
+  bool calibrate = false;
+  std::string topology_file;
+  std::string system_wide;
+  bool spread = false;     // -n: spread over GPCs instead of packing
+  bool exclusive = false;  // refuse overlapping other live partitions
+  bool verbose = false;
+  bool status = false;
+  bool all_tasks = false;  // -a: with -p, the task and its descendants
+  bool verify = false;
+  bool partition_sm_count = false;  // the task's MULTIPROCESSOR_COUNT is its partition's SMs
+  std::optional<std::string> seed;  // --seed, with --verify
+  bool latency_critical = false;
+  bool best_effort = false;
+  roles::Role role = roles::Role::kNone;
+};
+
+// The requests of a launch or -p, parsed once (cli.cpp, parse_requests):
+// the lists in the order given, and the first positional parsed as a TPC
+// mask where the command takes one there (launch: MASK COMMAND; -p: MASK
+// PID), for launch.cpp and live.cpp to place.
+struct Requests {
+  std::vector<planner::Request> lists;
+  std::optional<planner::Request> lead_mask;
+};
+
+// launch.cpp: plans, claims and execs the command; returns only on failure
+// (by throwing).
+[[noreturn]] void launch(const Options& o, const Requests& rq, const std::vector<std::string>& env);
+
+// live.cpp: -p, a query or a change of a running task (and with -a its
+// family); returns the exit status.
+int live(const Options& o, const Requests& rq);
+
+// planner::plan_partition, and with -v the TPCs -n chose, said at once.
+Partition plan_partition(const Options& o, const planner::Request& r, const topo::DeviceInfo& dev,
+                         planner::Layouts& layouts, const planner::Sharing& sh, planner::Notes* notes);
+
+// The shim file the driver search must skip (none when there is no shim).
+std::vector<std::string> shim_copies(const std::string& shim_dir);
+
+}  // namespace nvtaskset::cli
