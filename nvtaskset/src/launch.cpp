@@ -29,6 +29,7 @@
 #include "nvtaskset/mps.hpp"
 #include "nvtaskset/planner.hpp"
 #include "nvtaskset/sharing.hpp"
+#include "nvtaskset/spawn.hpp"
 #include "nvtaskset/status.hpp"
 
 namespace nvtaskset::cli {
@@ -96,10 +97,11 @@ void refuse_preloaded_driver(const std::vector<std::string>& env) {
 // or fail (NVTASKSET_MPS_OTHER_USER).
 void check_mps_user(mps::OtherUsersCheck& check) {
   const OptionDesc& opt = option(Option::kMpsOtherUser);
-  const ChoiceValue policy = choice(Option::kMpsOtherUser);
+  const auto policy = choice_of<Option::kMpsOtherUser>();
   if (policy.unknown)
-    spdlog::warn("{}={}: unknown value ({}); using wait", opt.name, printable(policy.value), opt.choices);
-  const bool fail = !policy.unknown && policy.value != nullptr && equal_nocase(policy.value, "fail");
+    spdlog::warn("{}={}: unknown value ({}); using {}", opt.name, printable(policy.text), opt.choices,
+                 default_choice_name<Option::kMpsOtherUser>());
+  const bool fail = policy.value == MpsOtherUser::kFail;
   for (const mps::Server& sv : check.servers()) {
     if (sv.clients == 0) continue;
     const std::string who = "the MPS server (pid " + std::to_string(sv.pid) + ") serves user " + user_name(sv.uid) +
@@ -114,14 +116,9 @@ void check_mps_user(mps::OtherUsersCheck& check) {
 }
 
 [[noreturn]] void exec_task(const std::vector<std::string>& cmd, const std::vector<std::string>& env) {
-  std::vector<char*> argv, envp;
-  for (const auto& a : cmd) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-  envp.push_back(nullptr);
+  const process::ExecArgs args(cmd, env);
   std::fflush(nullptr);
-  ::execvpe(argv[0], argv.data(), envp.data());
-  const int err = errno;
+  const int err = process::exec(args, /*search_path=*/true);
   std::fprintf(stderr, "nvtaskset: failed to execute %s: %s\n", printable(cmd[0], 200).c_str(), std::strerror(err));
   std::exit(err == ENOENT ? 127 : 126);
 }

@@ -8,7 +8,6 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,6 +30,7 @@
 
 #include "nvtaskset/block_probe.hpp"
 #include "nvtaskset/control_region.hpp"
+#include "nvtaskset/spawn.hpp"
 #include "nvtaskset/cuda_driver.hpp"
 #include "nvtaskset/devices.hpp"
 #include "nvtaskset/driver_locate.hpp"
@@ -109,34 +109,33 @@ Planned gpc_partition(const topo::Topology& t, std::initializer_list<unsigned> i
 class ProbeProcess {
  public:
   ProbeProcess(const std::string& exe, const std::vector<std::string>& args, const std::vector<std::string>& env) {
-    int in[2], out[2], err[2];
-    if (::pipe2(in, O_CLOEXEC) != 0 || ::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)
-      throw std::runtime_error(std::string("cannot create pipes for the probe process: ") + std::strerror(errno));
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, in[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, out[1], 1);
-    posix_spawn_file_actions_adddup2(&fa, err[1], 2);
-    std::vector<char*> argv, envp;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
-    envp.push_back(nullptr);
+    std::vector<std::string> argv = args;
+    argv.front() = exe;  // the program spawn() runs is argv[0]
+    process::Pipe in, out, err;
+    try {
+      in = process::make_pipe();
+      out = process::make_pipe();
+      err = process::make_pipe();
+    } catch (const process::SpawnError& e) {
+      throw std::runtime_error(std::string("cannot create pipes for the probe process: ") + std::strerror(e.error()));
+    }
+    process::SpawnOptions so;
+    so.in = process::Stream::fd(in.read.get());
+    so.out = process::Stream::fd(out.write.get());
+    so.err = process::Stream::fd(err.write.get());
     std::fflush(nullptr);
-    const int rc = ::posix_spawn(&pid_, exe.c_str(), &fa, nullptr, argv.data(), envp.data());
-    posix_spawn_file_actions_destroy(&fa);
-    ::close(in[0]);
-    ::close(out[1]);
-    ::close(err[1]);
-    in_ = in[1];
-    out_ = out[0];
-    err_ = err[0];
+    try {
+      pid_ = process::spawn(process::ExecArgs(std::move(argv), env), so);
+    } catch (const process::SpawnError& e) {
+      pid_ = -1;
+      throw std::runtime_error("cannot start the probe process " + exe + ": " + std::strerror(e.error()));
+    }
+    // The child's ends close with `in`, `out` and `err`; ours stay.
+    in_ = in.write.release();
+    out_ = out.read.release();
+    err_ = err.read.release();
     // Reads take what is there and never block: poll() says when to read.
     for (int fd : {out_, err_}) ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK);
-    if (rc != 0) {
-      pid_ = -1;
-      throw std::runtime_error("cannot start the probe process " + exe + ": " + std::strerror(rc));
-    }
   }
 
   ~ProbeProcess() {
