@@ -69,6 +69,14 @@ Setup = collections.namedtuple("Setup", "name mps lc be about")
 
 BASE_GPU, BASE_RES, BASE_BE, ROLES = "lc-alone-gpu", "lc-alone-res", "be-alone", "roles"
 BASE_SIZED = "lc-alone-res-sized"
+# The roles with an L2 persisting window for the LC task (issue 22: "evaluate an L2 persisting
+# carve-out"): its worker gives its capture stream a persisting access policy window over its
+# largest weight (LCBE_L2_WINDOW), which the captured kernels keep (tests/gpu/l2_window_capture.cu);
+# the set-aside itself is the MPS server's (--l2-persist-pct). Only when named in --setups.
+ROLES_L2 = "roles-l2"
+OPTIONAL = (BASE_SIZED, ROLES_L2)
+L2_ENV = "LCBE_L2_WINDOW"
+L2_PCT_ENV = "CUDA_DEVICE_DEFAULT_PERSISTING_L2_CACHE_PERCENTAGE_LIMIT"
 # A --best-effort task's launches in flight (nvtaskset's options.hpp: 1-1024, default 16); --be-depth
 # sets it for the roles setup's BE only.
 BE_DEPTH_ENV = "NVTASKSET_BE_DEPTH"
@@ -98,6 +106,9 @@ def setup_table(nv, lc_n, be_n, be_depth=None):
               Launch([nv, "--best-effort"], be_role_env),
               f"nvtaskset -n {lc_n} --latency-critical (LC) / --best-effort (BE)"
               + (f", {BE_DEPTH_ENV}={be_depth}" if be_depth is not None else "")),
+        Setup(ROLES_L2, True, Launch([nv, "-n", str(lc_n), "--latency-critical"], {L2_ENV: "1"}),
+              Launch([nv, "--best-effort"], be_role_env),
+              "the roles, the LC task's kernels with a persisting L2 window over its largest weight"),
     ]
 
 
@@ -186,6 +197,42 @@ def versions(torch, transformers):
             "device": torch.cuda.get_device_name(0)}
 
 
+L2_INFO = {}
+
+
+def l2_window(torch, model, stream):
+    """Gives `stream` a persisting L2 access policy window over the model's largest weight, sized
+    to the set-aside this context has (outside MPS it asks for the most; under MPS the server's
+    CUDA_DEVICE_DEFAULT_PERSISTING_L2_CACHE_PERCENTAGE_LIMIT decides). Returns what it read back."""
+    path = next((l.split()[-1] for l in open("/proc/self/maps") if "libcudart.so" in l), None)
+    if path is None:
+        return {"error": "no libcudart mapped"}
+    rt = ctypes.CDLL(path)
+    dev = torch.cuda.current_device()
+    v = ctypes.c_int()
+    rt.cudaDeviceGetAttribute(ctypes.byref(v), 108, dev)  # cudaDevAttrMaxPersistingL2CacheSize
+    max_persist = v.value
+    rt.cudaDeviceGetAttribute(ctypes.byref(v), 109, dev)  # cudaDevAttrMaxAccessPolicyWindowSize
+    max_window = v.value
+    set_rc = rt.cudaDeviceSetLimit(0x06, ctypes.c_size_t(max_persist))  # cudaLimitPersistingL2CacheSize
+    got = ctypes.c_size_t()
+    rt.cudaDeviceGetLimit(ctypes.byref(got), 0x06)
+    w = max(model.parameters(), key=lambda t: t.numel() * t.element_size())
+    nbytes = min(w.numel() * w.element_size(), max_window)
+    hit = min(1.0, got.value / nbytes) if nbytes else 0.0
+
+    class Window(ctypes.Structure):
+        _fields_ = [("base_ptr", ctypes.c_void_p), ("num_bytes", ctypes.c_size_t), ("hitRatio", ctypes.c_float),
+                    ("hitProp", ctypes.c_int), ("missProp", ctypes.c_int), ("pad", ctypes.c_char * 36)]
+    win = Window(w.data_ptr(), nbytes, hit, 2, 1)  # hit: persisting; miss: streaming
+    rc = rt.cudaStreamSetAttribute(ctypes.c_void_p(stream.cuda_stream), 1, ctypes.byref(win))
+    back = Window()
+    rt.cudaStreamGetAttribute(ctypes.c_void_p(stream.cuda_stream), 1, ctypes.byref(back))
+    return {"max_persisting": max_persist, "max_window": max_window, "set_limit_rc": set_rc,
+            "set_aside": got.value, "weight_bytes": w.numel() * w.element_size(), "window_bytes": back.num_bytes,
+            "hit_ratio": round(back.hitRatio, 3), "set_attr_rc": rc}
+
+
 def capture_lc(torch, transformers):
     """The LC forward as one CUDA graph; returns (replay, attention implementation). Tries the
     library's default attention, then eager attention if the default cannot be captured."""
@@ -195,6 +242,10 @@ def capture_lc(torch, transformers):
             cfg = gpt2_config(transformers, impl)
             model = build_model(torch, transformers, cfg).to(dtype=torch.float16).eval()
             ids = torch.randint(0, cfg.vocab_size, (4, 256), device="cuda")
+            cap = torch.cuda.Stream()
+            if os.environ.get(L2_ENV):
+                L2_INFO.update(l2_window(torch, model, cap))
+                print(f"LC: L2 window {L2_INFO}", flush=True)
             with torch.no_grad():
                 side = torch.cuda.Stream()
                 side.wait_stream(torch.cuda.current_stream())
@@ -203,7 +254,7 @@ def capture_lc(torch, transformers):
                         model(input_ids=ids, use_cache=False)
                 torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph):
+                with torch.cuda.graph(graph, stream=cap):
                     out = model(input_ids=ids, use_cache=False).logits
             torch.cuda.synchronize()
 
@@ -278,6 +329,8 @@ def lc_worker(ctl):
         times.append((time.monotonic() - s) * 1e3)
     info = versions(torch, transformers)
     info.update({"attn": impl, "step_ms": statistics.median(times)})
+    if L2_INFO:
+        info["l2"] = L2_INFO
     write_json(os.path.join(ctl, "lc-ready.json"), info)
     while True:
         line = sys.stdin.readline()
@@ -549,7 +602,8 @@ class Driver:
         if on == self.mps_on:
             return
         if on:
-            p = subprocess.run(["nvidia-cuda-mps-control", "-d"], env=self.env({}), capture_output=True, text=True,
+            daemon_env = {L2_PCT_ENV: str(self.a.l2_persist_pct)} if self.a.l2_persist_pct else {}
+            p = subprocess.run(["nvidia-cuda-mps-control", "-d"], env=self.env(daemon_env), capture_output=True, text=True,
                                timeout=30)
             if p.returncode != 0:
                 raise SystemExit(f"lc_be_mix.py: nvidia-cuda-mps-control -d failed: {(p.stderr or p.stdout).strip()}")
@@ -619,7 +673,7 @@ class Driver:
             for i, (setup, pname, rate) in enumerate(windows):
                 if be:
                     be_running = self.set_be(be, bool(setup.be), be_running, i)
-                if setup.name == ROLES:
+                if setup.name in (ROLES, ROLES_L2):
                     time.sleep(ROLES_IDLE_S)
                 if setup.lc:
                     lc.send({"cmd": "window", "id": i, "rate": rate, "seconds": window_s(self.a, rate),
@@ -665,7 +719,7 @@ class Driver:
         if be is not None:
             r.update(be_stats(os.path.join(vdir, "be-steps.txt"), t0, t1))
             why = be_rejection(r, self.a.be_max_gap_s)
-            if why and setup.name == ROLES:
+            if why and setup.name in (ROLES, ROLES_L2):
                 # The roles hold BE's launches back by design (at most 100 ms in a row, roles.hpp):
                 # a BE that stalls longer is a result of this setup, not a broken window, and
                 # rejecting it would drop the very windows that miss the target. Kept, its it/s
@@ -985,7 +1039,7 @@ def visit_estimate_s(a, group, patterns, startup_s):
     for s in group:
         n += len(patterns) if s.lc else 1
         w += sum(window_s(a, r) for _, r in patterns) if s.lc else a.window_s
-        w += ROLES_IDLE_S * len(patterns) if s.name == ROLES else 0
+        w += ROLES_IDLE_S * len(patterns) if s.name in (ROLES, ROLES_L2) else 0
     return startup_s + SETTLE_S + w + n * WINDOW_OVERHEAD_S + TEARDOWN_S
 
 
@@ -1038,6 +1092,9 @@ def parse_args(argv):
     ap.add_argument("--be-max-gap-s", type=float, default=1.0,
                     help="reject a window where BE completed no step for longer than this (or 4 of its median steps)")
     ap.add_argument("--seed", type=int, default=None, help="order and arrivals (default: random, printed)")
+    ap.add_argument("--l2-persist-pct", type=int, default=0,
+                    help=f"start the MPS control daemon with {L2_PCT_ENV}=P (the L2 set-aside for persisting "
+                         "accesses; the setup roles-l2 uses it)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and its estimated time; start nothing")
     a = ap.parse_args(argv)
     for name, normal, quick in (("reps", 3, 1), ("window_s", 4.0, 2.0), ("closed_s", 3.0, 1.5)):
@@ -1071,7 +1128,7 @@ def parse_args(argv):
             ap.error("--setups roles needs --with-roles")
         setups = [s for s in table if s.name in want]
     else:
-        setups = [s for s in table if (s.name != ROLES or a.with_roles) and s.name != BASE_SIZED]
+        setups = [s for s in table if (s.name != ROLES or a.with_roles) and s.name not in OPTIONAL]
     if a.with_roles and ROLES not in [s.name for s in setups]:
         setups.append(table[names.index(ROLES)])
     if a.be_depth is not None and ROLES not in [s.name for s in setups]:
@@ -1088,7 +1145,7 @@ def check_nvtaskset(a, setups):
         return
     if not os.access(a.nvtaskset, os.X_OK):
         raise SystemExit(f"lc_be_mix.py: {a.nvtaskset}: not an executable nvtaskset; build it, or pass --nvtaskset PATH")
-    if any(s.name == ROLES for s in setups) and not nvtaskset_knows_roles(a.nvtaskset):
+    if any(s.name in (ROLES, ROLES_L2) for s in setups) and not nvtaskset_knows_roles(a.nvtaskset):
         raise SystemExit(f"lc_be_mix.py: --with-roles: {a.nvtaskset} --help lists no {' / '.join(ROLE_OPTIONS)} "
                          "(the roles of issue 22 are not in this build)")
 
