@@ -43,7 +43,7 @@
 // first entry that names no device, and an empty value hides every device.
 // A device keeps its UUID and PCI bus id whatever its ordinal: measured on
 // 2 x H200, where a task that set CUDA_VISIBLE_DEVICES=1 or 1,0 itself found
-// GPU 1's UUID at its ordinal 0 (docs/verification.md, run 11).
+// GPU 1's UUID at its ordinal 0 (docs/runs.md, run 11).
 // The layout field gets a trailing '!' when a callback changed any TMD byte
 // outside the mask field and its valid bit: a shim writing at the wrong
 // offsets must not go unnoticed.
@@ -58,7 +58,7 @@
 // embeds a clone of the program's graph; cuGraphChildGraphNodeGetGraph
 // returns the clone, whose kernel nodes cuGraphNodeSetEnabled accepts and
 // re-encodes, while the program's own graph's nodes and the child-graph node
-// itself are refused (measured on H100, docs/verification.md run 9).
+// itself are refused (measured on H100, docs/runs.md, run 9).
 // FAKECUDA_CHILD_NODES=refuse|ignore stand for a driver that answers
 // otherwise, so tests prove the shim reports such execs instead of trusting them.
 // Cluster dimensions (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION, on cuLaunchKernelEx

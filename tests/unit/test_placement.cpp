@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // `-n COUNT`: which TPCs a task gets by count (topology/placement.hpp), on
 // the layout calibrated on an H100 (tests/data/topology/h100_measured.json,
-// docs/verification.md run 9: 8 GPCs of 4, 8 x 5 and 9 x 2 TPCs striped over
+// docs/runs.md, run 9: 8 GPCs of 4, 8 x 5 and 9 x 2 TPCs striped over
 // the logical numbers, TPCs 62-65 of unknown GPC), on the synthetic H200
 // model, and on a pre-Hopper layout without GPCs.
 #include <gtest/gtest.h>
