@@ -159,25 +159,7 @@ bool owned_by(const Header& h, pid_t pid, std::uint64_t start) { return h.pid ==
 
 std::string region_name(pid_t pid) { return "nvtaskset." + std::to_string(pid); }
 
-std::uint64_t process_start_time(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!f || !std::getline(f, line)) return 0;
-  // Field 2 (comm) may contain spaces and parentheses: skip to the last ')'.
-  const auto close = line.rfind(')');
-  if (close == std::string::npos) return 0;
-  std::istringstream rest(line.substr(close + 2));
-  std::string field;
-  // After comm come fields 3..; starttime is field 22, i.e. the 20th here.
-  for (int i = 3; i <= 22; ++i) {
-    if (!(rest >> field)) return 0;
-  }
-  try {
-    return std::stoull(field);
-  } catch (...) {
-    return 0;
-  }
-}
+std::uint64_t process_start_time(pid_t pid) { return process_stat_number(pid, 22).value_or(0); }
 
 Partition read_partition(const DeviceEntry& e) {
   Partition p;
