@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "nvtaskset/partition.hpp"
+#include "nvtaskset/seqlock.hpp"
 
 namespace nvtaskset::ctl {
 
@@ -135,11 +136,11 @@ struct LaunchView {
   std::uint64_t widened_max_cluster;
 };
 
-// Tries a reader makes before it gives up on an entry. A read retries only
-// while writers published twice during it (a few nanoseconds) or the region
-// is corrupt (a sequence number that stays odd): neither may make a launch
-// spin without bound.
-inline constexpr int kReadTries = 64;
+// Tries a reader makes before it gives up on an entry (seqlock.hpp). A read
+// retries only while writers published twice during it (a few nanoseconds)
+// or the region is corrupt (a sequence number that stays odd): neither may
+// make a launch spin without bound.
+inline constexpr int kReadTries = seqlock::kReadTries;
 
 enum class ReadResult { kOk, kNone, kInconsistent };
 
@@ -149,18 +150,15 @@ enum class ReadResult { kOk, kNone, kInconsistent };
 // allocation-free: the launch callback uses it.
 template <class Copy>
 inline ReadResult seqlock_read(const DeviceEntry& e, Copy&& copy) noexcept {
-  for (int i = 0; i < kReadTries; ++i) {
-    const std::uint64_t gen = e.generation.load(std::memory_order_acquire);
-    const MaskBuffer& b = e.buffer[gen & 1];
-    const std::uint64_t s1 = b.seq.load(std::memory_order_acquire);
-    if (s1 & 1) continue;
-    const std::uint64_t kind = b.kind.load(std::memory_order_relaxed);
-    copy(b);
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (b.seq.load(std::memory_order_relaxed) != s1) continue;
-    return kind != 0 ? ReadResult::kOk : ReadResult::kNone;
-  }
-  return ReadResult::kInconsistent;
+  std::uint64_t kind = 0;
+  const bool ok = seqlock::read_picked(
+      [&e]() noexcept -> const MaskBuffer& { return e.buffer[e.generation.load(std::memory_order_acquire) & 1]; },
+      [&kind, &copy](const MaskBuffer& b) noexcept {
+        kind = b.kind.load(std::memory_order_relaxed);
+        copy(b);
+      });
+  if (!ok) return ReadResult::kInconsistent;
+  return kind != 0 ? ReadResult::kOk : ReadResult::kNone;
 }
 
 // The largest cluster a buffer may name, in SMs: no GPU has more SMs than a
