@@ -23,7 +23,9 @@
 
 #include "calibration_util.hpp"
 #include "cuda_api.hpp"
+#include "gpu_context.hpp"
 #include "nvtaskset/launch_hook.hpp"
+#include "nvtaskset/seqlock.hpp"
 #include "nvtaskset/tmd.hpp"
 
 namespace nvtaskset::topo {
@@ -54,6 +56,7 @@ struct HookState {
   std::atomic<std::uint64_t> lo{0}, hi{0};
   std::atomic<std::uint64_t> calls{0};          // armed callbacks that wrote a mask
   std::atomic<std::uint64_t> unknown_layout{0};  // armed callbacks with a TMD we cannot edit
+  std::atomic<std::uint64_t> unreadable{0};      // armed callbacks that could not read the mask
   std::atomic<int> layout{static_cast<int>(tmd::Layout::kUnknown)};
   std::atomic<std::uint32_t> version_byte{0};
 
@@ -63,16 +66,14 @@ struct HookState {
     hi.store(m.hi, std::memory_order_relaxed);
     seq.fetch_add(1, std::memory_order_release);  // even: stable
   }
-  Bits128 mask() const {
-    for (;;) {
-      const std::uint32_t s1 = seq.load(std::memory_order_acquire);
-      if (s1 & 1) continue;
-      Bits128 m;
+  // False when no consistent copy was had within seqlock::kReadTries: the
+  // session sets the mask before each launch on the launching thread, so
+  // only a concurrent writer could cause it, and then no mask is written.
+  bool mask(Bits128& m) const noexcept {
+    return seqlock::read(seq, [&]() noexcept {
       m.lo = lo.load(std::memory_order_relaxed);
       m.hi = hi.load(std::memory_order_relaxed);
-      std::atomic_thread_fence(std::memory_order_acquire);
-      if (seq.load(std::memory_order_relaxed) == s1) return m;
-    }
+    });
   }
 };
 
@@ -85,7 +86,12 @@ void on_tmd_upload(void* userdata, int domain, int cbid, const void* params) {
   const tmd::Layout layout = tmd::detect(t);
   h->layout.store(static_cast<int>(layout), std::memory_order_relaxed);
   h->version_byte.store(tmd::version_byte(t), std::memory_order_relaxed);
-  if (!tmd::write_disable_mask(t, layout, h->mask())) {
+  Bits128 disable;
+  if (!h->mask(disable)) {
+    h->unreadable.fetch_add(1, std::memory_order_relaxed);
+    return;
+  }
+  if (!tmd::write_disable_mask(t, layout, disable)) {
     h->unknown_layout.fetch_add(1, std::memory_order_relaxed);
     return;
   }
@@ -129,88 +135,51 @@ constexpr unsigned kSmidWords = 34;
 class GpuSession {
  public:
   GpuSession(CudaDriver& drv, const DeviceInfo& dev, const CalibrationOptions& opt)
-      : drv_(drv), a_(drv.api()), dev_(dev), opt_(opt) {
-    who_ = fmt::format("calibration of device {}", dev.ordinal);
+      : ctx_(drv, dev, fmt::format("calibration of device {}", dev.ordinal)), dev_(dev), opt_(opt) {
     try {
       setup();
     } catch (...) {
-      cleanup();
+      g_hook.armed.store(false, std::memory_order_release);
       throw;
     }
   }
 
-  ~GpuSession() { cleanup(); }
+  // The callback leaves TMDs alone from here on; ctx_ then tears down (or
+  // leaks, after a timeout: the caller leaves with _exit()).
+  ~GpuSession() { g_hook.armed.store(false, std::memory_order_release); }
 
  private:
   void setup() {
     const DeviceInfo& dev = dev_;
     const CalibrationOptions& opt = opt_;
-    check(a_.cuDeviceGet(&cu_dev_, static_cast<int>(dev.ordinal)), "cuDeviceGet");
-    CUuuid uuid{};
-    check(a_.cuDeviceGetUuid(&uuid, cu_dev_), "cuDeviceGetUuid");
-    if (std::memcmp(uuid.bytes, dev.uuid.data(), 16) != 0)
-      fail(fmt::format("{}: device {} is not {} (CUDA_VISIBLE_DEVICES changed?)", who_, dev.ordinal,
-                       uuid_to_string(dev.uuid)));
-    check(a_.cuDevicePrimaryCtxRetain(&ctx_, cu_dev_), "cuDevicePrimaryCtxRetain");
-    have_ctx_ = true;
-    check(a_.cuCtxPushCurrent(ctx_), "cuCtxPushCurrent");
-    pushed_ = true;
-    check(a_.cuStreamCreate(&stream_, CU_STREAM_NON_BLOCKING), "cuStreamCreate");
-
     // One block per SM: ask for more dynamic shared memory than half an SM
     // has, so no second block fits beside the first. Then the first wave of a
     // grid of >= sm_count blocks lands on every enabled SM.
-    smem_per_block_ = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
-    const int smem_per_sm = attr(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
-    spdlog::debug("{}: {} B shared memory per block (opt-in), {} B per SM", who_, smem_per_block_, smem_per_sm);
+    smem_per_block_ = ctx_.attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN);
+    const int smem_per_sm = ctx_.attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR);
+    spdlog::debug("{}: {} B shared memory per block (opt-in), {} B per SM", who(), smem_per_block_, smem_per_sm);
     if (2 * smem_per_block_ <= smem_per_sm)
-      spdlog::debug("{}: two blocks may share an SM; coverage then rests on retries", who_);
+      spdlog::debug("{}: two blocks may share an SM; coverage then rests on retries", who());
 
-    smid_module_ = load(smid_kernel_ptx(), "SM-ID kernel");
-    check(a_.cuModuleGetFunction(&smid_fn_, smid_module_, "nvtaskset_record_smid"), "cuModuleGetFunction");
-    check(a_.cuFuncSetAttribute(smid_fn_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_per_block_),
+    CUmodule smid_module = ctx_.load_module(smid_kernel_ptx(), "SM-ID kernel");
+    check(a().cuModuleGetFunction(&smid_fn_, smid_module, "nvtaskset_record_smid"), "cuModuleGetFunction");
+    check(a().cuFuncSetAttribute(smid_fn_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_per_block_),
           "cuFuncSetAttribute(dynamic shared memory)");
     int per_sm = 0;
-    check(a_.cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, smid_fn_, kThreads,
-                                                         static_cast<size_t>(smem_per_block_)),
+    check(a().cuOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, smid_fn_, kThreads,
+                                                          static_cast<size_t>(smem_per_block_)),
           "cuOccupancyMaxActiveBlocksPerMultiprocessor");
-    spdlog::debug("{}: SM-ID kernel fits {} block(s) per SM", who_, per_sm);
-    if (per_sm < 1) fail(fmt::format("{}: the SM-ID kernel cannot run on this device (occupancy 0)", who_));
+    spdlog::debug("{}: SM-ID kernel fits {} block(s) per SM", who(), per_sm);
+    if (per_sm < 1) fail(fmt::format("{}: the SM-ID kernel cannot run on this device (occupancy 0)", who()));
 
     // Output buffers. Room for the SM-ID bitmap and for one (SM, cluster)
     // record per block of the largest cluster launch.
     cluster_block_cap_ = 4 * dev.sm_count * std::max(1u, opt.cluster_waves);
     buf_words_ = std::max<std::size_t>(kSmidWords, 2 * static_cast<std::size_t>(cluster_block_cap_));
-    check(a_.cuMemAlloc(&dbuf_, buf_words_ * 4), "cuMemAlloc");
-    void* p = nullptr;
-    check(a_.cuMemAllocHost(&p, buf_words_ * 4), "cuMemAllocHost");
-    host_ = static_cast<std::uint32_t*>(p);
-    check(a_.cuMemAllocHost(&p, buf_words_ * 4), "cuMemAllocHost");
-    zero_ = static_cast<std::uint32_t*>(p);
+    dbuf_ = ctx_.alloc_device(buf_words_ * 4);
+    host_ = static_cast<std::uint32_t*>(ctx_.alloc_host(buf_words_ * 4));
+    zero_ = static_cast<std::uint32_t*>(ctx_.alloc_host(buf_words_ * 4));
     std::memset(zero_, 0, buf_words_ * 4);
-  }
-
-  void cleanup() {
-    g_hook.armed.store(false, std::memory_order_release);
-    // After a timeout a kernel of ours may still be pending: tearing down
-    // would block on it. Leak instead; the caller leaves with _exit().
-    if (drv_.wedged()) return;
-    if (stream_) a_.cuStreamDestroy(stream_);
-    if (dbuf_) a_.cuMemFree(dbuf_);
-    if (host_) a_.cuMemFreeHost(host_);
-    if (zero_) a_.cuMemFreeHost(zero_);
-    if (smid_module_) a_.cuModuleUnload(smid_module_);
-    if (cluster_module_) a_.cuModuleUnload(cluster_module_);
-    if (pushed_) {
-      CUcontext c = nullptr;
-      a_.cuCtxPopCurrent(&c);
-    }
-    if (have_ctx_) a_.cuDevicePrimaryCtxRelease(cu_dev_);
-    stream_ = nullptr;
-    dbuf_ = 0;
-    host_ = zero_ = nullptr;
-    smid_module_ = cluster_module_ = nullptr;
-    pushed_ = have_ctx_ = false;
   }
 
  public:
@@ -223,26 +192,29 @@ class GpuSession {
     const unsigned grid = 2 * dev_.sm_count;
     const std::uint64_t before = g_hook.calls.load(std::memory_order_acquire);
     const std::uint64_t unknown_before = g_hook.unknown_layout.load(std::memory_order_relaxed);
+    const std::uint64_t unreadable_before = g_hook.unreadable.load(std::memory_order_relaxed);
     g_hook.set_mask(disable);
     g_hook.armed.store(true, std::memory_order_release);
-    check(a_.cuMemcpyHtoDAsync(dbuf_, zero_, kSmidWords * 4, stream_), "cuMemcpyHtoDAsync");
+    check(a().cuMemcpyHtoDAsync(dbuf_, zero_, kSmidWords * 4, ctx_.stream()), "cuMemcpyHtoDAsync");
     unsigned long long spin = opt_.spin_ns;
     void* args[] = {&dbuf_, &spin};
-    check(a_.cuLaunchKernel(smid_fn_, grid, 1, 1, kThreads, 1, 1, static_cast<unsigned>(smem_per_block_), stream_, args,
-                            nullptr),
+    check(a().cuLaunchKernel(smid_fn_, grid, 1, 1, kThreads, 1, 1, static_cast<unsigned>(smem_per_block_),
+                             ctx_.stream(), args, nullptr),
           "cuLaunchKernel");
-    check(a_.cuMemcpyDtoHAsync(host_, dbuf_, kSmidWords * 4, stream_), "cuMemcpyDtoHAsync");
+    check(a().cuMemcpyDtoHAsync(host_, dbuf_, kSmidWords * 4, ctx_.stream()), "cuMemcpyDtoHAsync");
     wait(what);
     g_hook.armed.store(false, std::memory_order_release);
     ++launches_;
     if (g_hook.unknown_layout.load(std::memory_order_relaxed) != unknown_before)
-      fail(fmt::format("{}: the TMD has a layout nvtaskset cannot edit (version byte {:#x})", who_,
+      fail(fmt::format("{}: the TMD has a layout nvtaskset cannot edit (version byte {:#x})", who(),
                        g_hook.version_byte.load()));
+    if (g_hook.unreadable.load(std::memory_order_relaxed) != unreadable_before)
+      fail(fmt::format("{}: the launch callback could not read the calibration mask consistently", who()));
     if (g_hook.calls.load(std::memory_order_acquire) == before)
       fail(fmt::format("{}: the driver's launch callback did not fire for a calibration kernel, so TPC masks "
                        "cannot be applied with this driver",
-                       who_));
-    if (host_[kOverflowWord]) fail(fmt::format("{}: a block ran on an SM ID above 1023", who_));
+                       who()));
+    if (host_[kOverflowWord]) fail(fmt::format("{}: a block ran on an SM ID above 1023", who()));
     nsmid_ = std::max(nsmid_, host_[kNsmidWord]);
     std::vector<unsigned> seen;
     for (unsigned w = 0; w < kSmBitmapWords; ++w)
@@ -250,7 +222,7 @@ class GpuSession {
         if ((host_[w] >> b) & 1u) seen.push_back(32 * w + b);
     for (unsigned sm : seen)
       if (sm >= dev_.sm_count)
-        fail(fmt::format("{}: a block ran on SM {}, but the device reports {} SMs (SM IDs are not 0..{})", who_, sm,
+        fail(fmt::format("{}: a block ran on SM {}, but the device reports {} SMs (SM IDs are not 0..{})", who(), sm,
                          dev_.sm_count, dev_.sm_count - 1));
     return seen;
   }
@@ -263,22 +235,22 @@ class GpuSession {
   // Cluster probing (sm_90+). Returns false (with *why) when the driver or
   // device cannot launch clusters at all.
   bool prepare_clusters(std::string* why) {
-    if (!a_.cuLaunchKernelEx || !a_.cuOccupancyMaxActiveClusters) {
+    if (!a().cuLaunchKernelEx || !a().cuOccupancyMaxActiveClusters) {
       *why = "the driver has no cuLaunchKernelEx (CUDA 12.0+ needed for thread-block clusters)";
       return false;
     }
-    if (attr(CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH) != 1) {
+    if (ctx_.attribute(CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH) != 1) {
       *why = "the device does not support cluster launch";
       return false;
     }
-    cluster_module_ = load(cluster_kernel_ptx(), "cluster kernel");
-    check(a_.cuModuleGetFunction(&cluster_fn_, cluster_module_, "nvtaskset_record_cluster"), "cuModuleGetFunction");
-    check(a_.cuFuncSetAttribute(cluster_fn_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_per_block_),
+    CUmodule cluster_module = ctx_.load_module(cluster_kernel_ptx(), "cluster kernel");
+    check(a().cuModuleGetFunction(&cluster_fn_, cluster_module, "nvtaskset_record_cluster"), "cuModuleGetFunction");
+    check(a().cuFuncSetAttribute(cluster_fn_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem_per_block_),
           "cuFuncSetAttribute(dynamic shared memory)");
     // Sizes above 8 are "non-portable" and must be allowed explicitly.
-    if (CUresult r = a_.cuFuncSetAttribute(cluster_fn_, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
+    if (CUresult r = a().cuFuncSetAttribute(cluster_fn_, CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
         r != CUDA_SUCCESS)
-      spdlog::debug("{}: non-portable cluster sizes not allowed: {}", who_, drv_.describe(r));
+      spdlog::debug("{}: non-portable cluster sizes not allowed: {}", who(), ctx_.driver().describe(r));
     return true;
   }
 
@@ -287,9 +259,9 @@ class GpuSession {
     CUlaunchAttribute at{};
     CUlaunchConfig cfg = cluster_config(size, size, &at);
     int n = 0;
-    CUresult r = a_.cuOccupancyMaxActiveClusters(&n, cluster_fn_, &cfg);
+    CUresult r = a().cuOccupancyMaxActiveClusters(&n, cluster_fn_, &cfg);
     if (r != CUDA_SUCCESS) {
-      spdlog::debug("{}: cluster size {}: cuOccupancyMaxActiveClusters: {}", who_, size, drv_.describe(r));
+      spdlog::debug("{}: cluster size {}: cuOccupancyMaxActiveClusters: {}", who(), size, ctx_.driver().describe(r));
       return 0;
     }
     return n;
@@ -300,18 +272,18 @@ class GpuSession {
   std::optional<std::vector<std::vector<SmId>>> run_clusters(unsigned size, unsigned grid, const std::string& what) {
     CUlaunchAttribute at{};
     CUlaunchConfig cfg = cluster_config(size, grid, &at);
-    check(a_.cuMemcpyHtoDAsync(dbuf_, zero_, 2ull * grid * 4, stream_), "cuMemcpyHtoDAsync");
+    check(a().cuMemcpyHtoDAsync(dbuf_, zero_, 2ull * grid * 4, ctx_.stream()), "cuMemcpyHtoDAsync");
     g_hook.set_mask(Bits128{});  // every TPC enabled
     g_hook.armed.store(true, std::memory_order_release);
     unsigned long long spin = opt_.spin_ns;
     void* args[] = {&dbuf_, &spin};
-    CUresult r = a_.cuLaunchKernelEx(&cfg, cluster_fn_, args, nullptr);
+    CUresult r = a().cuLaunchKernelEx(&cfg, cluster_fn_, args, nullptr);
     if (r != CUDA_SUCCESS) {
       g_hook.armed.store(false, std::memory_order_release);
-      spdlog::debug("{}: cluster size {}: cuLaunchKernelEx: {}", who_, size, drv_.describe(r));
+      spdlog::debug("{}: cluster size {}: cuLaunchKernelEx: {}", who(), size, ctx_.driver().describe(r));
       return std::nullopt;
     }
-    check(a_.cuMemcpyDtoHAsync(host_, dbuf_, 2ull * grid * 4, stream_), "cuMemcpyDtoHAsync");
+    check(a().cuMemcpyDtoHAsync(host_, dbuf_, 2ull * grid * 4, ctx_.stream()), "cuMemcpyDtoHAsync");
     wait(what);
     g_hook.armed.store(false, std::memory_order_release);
     ++launches_;
@@ -319,12 +291,12 @@ class GpuSession {
     std::vector<std::vector<SmId>> out(clusters);
     for (unsigned b = 0; b < grid; ++b) {
       const std::uint32_t sm1 = host_[2 * b], cl1 = host_[2 * b + 1];
-      if (sm1 == 0) fail(fmt::format("{}: block {} of a cluster launch (size {}) never ran", who_, b, size));
+      if (sm1 == 0) fail(fmt::format("{}: block {} of a cluster launch (size {}) never ran", who(), b, size));
       if (cl1 == 0 || cl1 - 1 >= clusters)
-        fail(fmt::format("{}: block {} reported cluster {} of {}", who_, b, cl1 - 1, clusters));
+        fail(fmt::format("{}: block {} reported cluster {} of {}", who(), b, cl1 - 1, clusters));
       // A 1-D cluster holds consecutive blocks; say so if the hardware disagrees.
       if (cl1 - 1 != b / size)
-        spdlog::debug("{}: block {} is in cluster {}, expected {}", who_, b, cl1 - 1, b / size);
+        spdlog::debug("{}: block {} is in cluster {}, expected {}", who(), b, cl1 - 1, b / size);
       out[cl1 - 1].push_back(SmId{sm1 - 1});
     }
     return out;
@@ -335,32 +307,9 @@ class GpuSession {
  private:
   static constexpr unsigned kThreads = 32;
 
-  void check(CUresult r, const char* what) {
-    if (r != CUDA_SUCCESS) fail(fmt::format("{}: {} failed: {}", who_, what, drv_.describe(r)));
-  }
-
-  int attr(CUdevice_attribute at) {
-    int v = 0;
-    check(a_.cuDeviceGetAttribute(&v, at, cu_dev_), "cuDeviceGetAttribute");
-    return v;
-  }
-
-  CUmodule load(const char* ptx, const char* what) {
-    char log[4096] = {};
-    CUjit_option keys[] = {CU_JIT_ERROR_LOG_BUFFER, CU_JIT_ERROR_LOG_BUFFER_SIZE_BYTES};
-    void* vals[] = {log, reinterpret_cast<void*>(static_cast<std::uintptr_t>(sizeof log - 1))};
-    CUmodule m = nullptr;
-    const auto t0 = std::chrono::steady_clock::now();
-    CUresult r = a_.cuModuleLoadDataEx(&m, ptx, 2, keys, vals);
-    if (r != CUDA_SUCCESS) {
-      std::string first_line = log;
-      first_line = first_line.substr(0, first_line.find('\n'));
-      fail(fmt::format("{}: loading the {} failed: {}{}{}", who_, what, drv_.describe(r),
-                       first_line.empty() ? "" : ": ", first_line));
-    }
-    spdlog::debug("{}: {} JIT-compiled in {:.1f} ms", who_, what, ms_since(t0));
-    return m;
-  }
+  const CudaDriver::Api& a() const { return ctx_.api(); }
+  const std::string& who() const { return ctx_.who(); }
+  void check(CUresult r, const char* what) const { ctx_.check(r, what); }
 
   CUlaunchConfig cluster_config(unsigned size, unsigned grid, CUlaunchAttribute* at) {
     at->id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
@@ -375,43 +324,26 @@ class GpuSession {
     cfg.blockDimY = 1;
     cfg.blockDimZ = 1;
     cfg.sharedMemBytes = static_cast<unsigned>(smem_per_block_);
-    cfg.hStream = stream_;
+    cfg.hStream = ctx_.stream();
     cfg.attrs = at;
     cfg.numAttrs = 1;
     return cfg;
   }
 
-  // Every GPU wait is bounded: a kernel whose mask enables no working TPC
-  // never runs, and synchronising on it would hang forever (docs/hardware.md).
+  // Bounded (gpu_context.hpp); the callback is disarmed before a failure.
   void wait(const std::string& what) {
-    const auto deadline = std::chrono::steady_clock::now() + opt_.wait_timeout;
-    for (;;) {
-      const CUresult r = a_.cuStreamQuery(stream_);
-      if (r == CUDA_SUCCESS) return;
-      if (r != CUDA_ERROR_NOT_READY) {
-        g_hook.armed.store(false, std::memory_order_release);
-        fail(fmt::format("{}: {} failed: {}", who_, what, drv_.describe(r)));
-      }
-      if (std::chrono::steady_clock::now() >= deadline) {
-        g_hook.armed.store(false, std::memory_order_release);
-        drv_.mark_wedged();
-        fail(fmt::format("{}: {} did not finish within {} ms; the GPU may be stuck (this process may need to be killed)",
-                         who_, what, opt_.wait_timeout.count()));
-      }
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
+    const CUresult r = ctx_.wait(opt_.wait_timeout);
+    if (r == CUDA_SUCCESS) return;
+    g_hook.armed.store(false, std::memory_order_release);
+    if (r == CUDA_ERROR_NOT_READY)
+      fail(fmt::format("{}: {} did not finish within {} ms; the GPU may be stuck (this process may need to be killed)",
+                       who(), what, opt_.wait_timeout.count()));
+    fail(fmt::format("{}: {} failed: {}", who(), what, ctx_.driver().describe(r)));
   }
 
-  CudaDriver& drv_;
-  const CudaDriver::Api& a_;
+  GpuContext ctx_;  // declared first: torn down after everything above
   DeviceInfo dev_;
   CalibrationOptions opt_;
-  std::string who_;
-  CUdevice cu_dev_ = 0;
-  CUcontext ctx_ = nullptr;
-  bool have_ctx_ = false, pushed_ = false;
-  CUstream stream_ = nullptr;
-  CUmodule smid_module_ = nullptr, cluster_module_ = nullptr;
   CUfunction smid_fn_ = nullptr, cluster_fn_ = nullptr;
   int smem_per_block_ = 0;
   CUdeviceptr dbuf_ = 0;
