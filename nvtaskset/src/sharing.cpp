@@ -300,7 +300,7 @@ int print_status(Devices& devices, bool json) {
     for (pid_t other : share_gpcs[i])
       if (other > pid)
         notes.push_back("pids " + std::to_string(pid) + " and " + std::to_string(other) +
-                        " share a GPC: they do not isolate each other (docs/hardware.md)");
+                        " share a GPC: each hosts smaller thread-block clusters than whole GPCs (docs/hardware.md)");
     nlohmann::json j = {{"pid", pid}, {"user", user}, {"uid", r.e->uid},
                         {"device", r.dp->device == kAnyDevice ? "any" : uuid_to_string(r.dp->device)},
                         {"tpcs", tpcs}, {"sms", sms}, {"command", whole_command(argv)}, {"argv", argv},

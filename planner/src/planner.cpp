@@ -41,8 +41,11 @@ LogicalTpcSet choose_by_count(const Request& r, const topo::DeviceInfo& dev, con
 }
 
 // Refuses (exclusive) or warns about a partition that shares TPCs or GPCs
-// with other live partitions on its GPU: tasks that share a GPC do not
-// isolate each other (docs/hardware.md).
+// with other live partitions on its GPU. Tasks that share a GPC split its
+// SMs, so neither hosts thread-block clusters as large as the GPC
+// (docs/hardware.md); whether they slow each other more than tasks on
+// separate GPCs was measured only for an SGEMM without clusters, which they
+// did not (docs/results.md, Fig. 12).
 void check_sharing(const Partition& p, const topo::DeviceInfo& dev, const topo::Topology* t, const Sharing& sh,
                    const std::vector<Holder>& others, Notes* notes) {
   if (p.tpcs.empty()) return;
@@ -71,7 +74,7 @@ void check_sharing(const Partition& p, const topo::DeviceInfo& dev, const topo::
   const bool many = o.common_gpcs.size() > 1;
   notes->warnings.push_back(phrase(p) + " of " + device_label(dev) + (many ? " share GPCs " : " share GPC ") +
                             format_list(o.common_gpcs.bits) + " with pid " + pid_list(o.share_gpcs) +
-                            ": partitions that share a GPC do not isolate each other" + alt);
+                            ": partitions that share a GPC host smaller thread-block clusters than whole GPCs" + alt);
 }
 
 LogicalTpcSet checked_tpcs(const std::vector<unsigned>& ids, const topo::DeviceInfo& dev) {

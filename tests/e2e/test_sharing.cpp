@@ -72,7 +72,7 @@ TEST_F(Sharing, ExclusiveRefusesOverlapAndSharedGpcsAreNamed) {
   // --status marks the pair.
   const Result st = run({kCli, "--status"});
   EXPECT_TRUE(ExitedWith(st, 0)) << st;
-  EXPECT_NE(st.out.find("share a GPC: they do not isolate each other"), std::string::npos) << st.out;
+  EXPECT_NE(st.out.find("share a GPC: each hosts smaller thread-block clusters than whole GPCs"), std::string::npos) << st.out;
   stop_all();
 }
 

@@ -200,7 +200,7 @@ TEST_F(PlannerTest, WarnsOfASharedGpcAndNamesAFreeOneOfTheSameSize) {
   ASSERT_FALSE(notes.warnings.empty());
   const std::string& w = notes.warnings.back();
   EXPECT_EQ(w.find("TPCs " + std::to_string(other) + " of device 0 share GPC 0 with pid 100: partitions that share "
-                   "a GPC do not isolate each other; GPCs no other task uses hold the same size: -t "),
+                   "a GPC host smaller thread-block clusters than whole GPCs; GPCs no other task uses hold the same size: -t "),
             0u)
       << w;
 }
