@@ -180,6 +180,18 @@ void Devices::restore_environment() {
   if (impl_->driver) impl_->driver->restore_environment();
 }
 
+namespace {
+
+// --topology's and --calibrate's output: every layout found, then the status.
+int print_topologies(const std::vector<topo::Topology>& topos, bool json, int status) {
+  const std::string out = json ? topo::render_topology_json(topos) : topo::render_topology(topos);
+  std::fputs(out.c_str(), stdout);
+  if (!out.empty() && out.back() != '\n') std::fputc('\n', stdout);
+  return status;
+}
+
+}  // namespace
+
 int Devices::print(bool json) {
   std::vector<topo::Topology> topos;
   int status = 0;
@@ -191,10 +203,7 @@ int Devices::print(bool json) {
       status = 1;
     }
   }
-  const std::string out = json ? topo::render_topology_json(topos) : topo::render_topology(topos);
-  std::fputs(out.c_str(), stdout);
-  if (!out.empty() && out.back() != '\n') std::fputc('\n', stdout);
-  return status;
+  return print_topologies(topos, json, status);
 }
 
 int Devices::calibrate_all(bool json) {
@@ -218,10 +227,7 @@ int Devices::calibrate_all(bool json) {
       status = 1;
     }
   }
-  const std::string out = json ? topo::render_topology_json(topos) : topo::render_topology(topos);
-  std::fputs(out.c_str(), stdout);
-  if (!out.empty() && out.back() != '\n') std::fputc('\n', stdout);
-  return status;
+  return print_topologies(topos, json, status);
 }
 
 }  // namespace nvtaskset::cli
