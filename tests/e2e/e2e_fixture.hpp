@@ -433,6 +433,15 @@ inline std::string pid_line(long pid, const std::string& what, const std::string
   return "pid " + std::to_string(pid) + "'s " + what + ": " + value + "\n";
 }
 
+// Every record of `pid` from a graph kernel node, from index `from` on
+// (test_graphs.cpp, test_clusters.cpp).
+inline std::vector<Record> graph_records(const std::vector<Record>& all, long pid, std::size_t from = 0) {
+  std::vector<Record> out;
+  for (std::size_t i = from; i < all.size(); ++i)
+    if (all[i].pid == pid && all[i].source.starts_with("graph")) out.push_back(all[i]);
+  return out;
+}
+
 // The stand-in's device 0 (its UUID is fixed, fakecuda.cpp) as a Hopper part
 // with 8 TPCs whose mask bits are scattered, not monotone, some above 63,
 // like an H200's: TPC k -> bit kBits[k]. GPC 0 = TPCs 0,2,4,6; GPC 1 = 1,3,5;
