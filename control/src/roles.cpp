@@ -16,6 +16,7 @@
 
 #include "nvtaskset/control_region.hpp"
 #include "nvtaskset/proc.hpp"
+#include "nvtaskset/seqlock.hpp"
 #include "nvtaskset/status.hpp"
 #include "nvtaskset/trusted_file.hpp"
 
@@ -98,17 +99,12 @@ namespace {
 // bounded number of tries: a writer publishes in nanoseconds, a corrupt slot
 // stays odd.
 bool read_slot(const BeaconDevice& d, DeviceView& v, bool& in_use) noexcept {
-  for (int i = 0; i < ctl::kReadTries; ++i) {
-    const std::uint64_t s1 = d.seq.load(std::memory_order_acquire);
-    if (s1 & 1) continue;
+  return seqlock::read(d.seq, [&]() noexcept {
     in_use = d.in_use.load(std::memory_order_relaxed) == 1;
     std::memcpy(v.uuid.data(), d.uuid, 16);
     v.reserved = {d.reserved[0].load(std::memory_order_relaxed), d.reserved[1].load(std::memory_order_relaxed)};
     v.burst = {d.burst[0].load(std::memory_order_relaxed), d.burst[1].load(std::memory_order_relaxed)};
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (d.seq.load(std::memory_order_relaxed) == s1) return true;
-  }
-  return false;
+  });
 }
 
 }  // namespace

@@ -24,21 +24,14 @@
 #include "nvtaskset/idlist.hpp"
 #include "nvtaskset/log_level.hpp"
 #include "nvtaskset/sharing.hpp"
+#include "nvtaskset/spawn.hpp"
 #include "nvtaskset/system_wide.hpp"
 #include "nvtaskset/verify.hpp"
-
-extern char** environ;
 
 namespace nvtaskset::cli {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::vector<std::string> snapshot_environ() {
-  std::vector<std::string> env;
-  for (char** e = environ; e && *e; ++e) env.emplace_back(*e);
-  return env;
-}
 
 // LogLevel mirrors spdlog's numbering (log_level.hpp).
 static_assert(static_cast<int>(LogLevel::kTrace) == spdlog::level::trace &&
@@ -231,7 +224,7 @@ std::string find_shim_dir(const std::string& exe_path) {
 int run(int argc, char** argv) {
   // The environment the task gets is the one we were started with, before
   // anything here (the driver query sets CUDA_MPS_PIPE_DIRECTORY) touches it.
-  const std::vector<std::string> env = snapshot_environ();
+  const std::vector<std::string> env = process::current_environment();
   setup_logging();
 
   CLI::App app{kDescription, "nvtaskset"};

@@ -2,8 +2,8 @@
 #include "nvtaskset/system_wide.hpp"
 
 #include "nvtaskset/options.hpp"
+#include "nvtaskset/spawn.hpp"
 
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,7 +15,6 @@
 #include <fstream>
 #include <stdexcept>
 
-extern char** environ;
 
 namespace nvtaskset::cli {
 namespace fs = std::filesystem;
@@ -31,14 +30,16 @@ std::string ldconfig_program() {
 
 void run_ldconfig() {
   const std::string prog = ldconfig_program();
-  char* argv[] = {const_cast<char*>(prog.c_str()), nullptr};
+  process::SpawnOptions so;
+  so.search_path = true;
   pid_t pid = 0;
-  const int err = ::posix_spawnp(&pid, prog.c_str(), nullptr, nullptr, argv, environ);
-  if (err != 0) throw std::runtime_error("cannot run " + prog + ": " + std::strerror(err));
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  try {
+    pid = process::spawn(process::ExecArgs({prog}), so);
+  } catch (const process::SpawnError& e) {
+    throw std::runtime_error("cannot run " + prog + ": " + std::strerror(e.error()));
   }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error(prog + " failed");
+  const int status = process::wait_for(pid);
+  if (status < 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) throw std::runtime_error(prog + " failed");
 }
 
 // The shim directory named by an existing configuration file, or "".

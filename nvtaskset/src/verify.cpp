@@ -37,8 +37,6 @@
 #include "nvtaskset/idlist.hpp"
 #include "nvtaskset/log_level.hpp"
 
-extern char** environ;
-
 namespace nvtaskset::cli::verify {
 
 namespace {
@@ -271,14 +269,8 @@ class ProbeProcess {
 // The probe's environment: ours, with the first partition, the driver the
 // device query used, and nothing preloaded (the probe loads the shim itself).
 std::vector<std::string> probe_environment(const std::string& partitions, const std::string& driver) {
-  std::vector<std::string> env;
-  for (char** e = environ; e && *e; ++e) {
-    const std::string_view kv(*e);
-    if (kv.starts_with("LD_PRELOAD=") || kv.starts_with(std::string(kPartitionEnv) + "=") ||
-        kv.starts_with(std::string(kPartitionPidEnv) + "=") || kv.starts_with(std::string(kRealDriverEnv) + "="))
-      continue;
-    env.emplace_back(kv);
-  }
+  std::vector<std::string> env = process::without_variables(
+      process::current_environment(), {"LD_PRELOAD", kPartitionEnv, kPartitionPidEnv, kRealDriverEnv});
   env.push_back(std::string(kPartitionEnv) + "=" + partitions);
   if (!driver.empty()) env.push_back(std::string(kRealDriverEnv) + "=" + driver);
   return env;

@@ -19,6 +19,7 @@
 
 #include "nvtaskset/options.hpp"
 #include "nvtaskset/partition.hpp"
+#include "nvtaskset/seqlock.hpp"
 #include "nvtaskset/status.hpp"
 
 namespace nvtaskset::roles_shim {
@@ -139,17 +140,16 @@ void store_mask(unsigned slot, const Bits128& m, bool valid) noexcept {
 // ctl::kReadTries (a writer publishes in nanoseconds).
 bool load_mask(unsigned slot, Bits128& m) noexcept {
   const SlotMask& s = g_mask[slot];
-  for (int i = 0; i < ctl::kReadTries; ++i) {
-    const std::uint64_t q = s.seq.load(std::memory_order_acquire);
-    if (q & 1) continue;
-    const std::uint64_t lo = s.lo.load(std::memory_order_relaxed), hi = s.hi.load(std::memory_order_relaxed);
-    const bool valid = s.valid.load(std::memory_order_relaxed) == 1;
-    std::atomic_thread_fence(std::memory_order_acquire);
-    if (s.seq.load(std::memory_order_relaxed) != q) continue;
-    m = {lo, hi};
-    return valid;
-  }
-  return false;
+  std::uint64_t lo = 0, hi = 0;
+  bool valid = false;
+  if (!seqlock::read(s.seq, [&]() noexcept {
+        lo = s.lo.load(std::memory_order_relaxed);
+        hi = s.hi.load(std::memory_order_relaxed);
+        valid = s.valid.load(std::memory_order_relaxed) == 1;
+      }))
+    return false;
+  m = {lo, hi};
+  return valid;
 }
 
 // Best-effort launches in flight on their floor: while any is, the
