@@ -173,19 +173,13 @@ std::vector<Peer> scan_beacons(pid_t self, const std::vector<Peer>& known) {
   const std::string dir = ctl::status_dir();
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return out;
-  const std::size_t plen = std::strlen(kPrefix);
-  std::vector<std::string> names;
-  while (const dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name.compare(0, plen, kPrefix) == 0) names.push_back(name);
-  }
+  std::vector<std::pair<std::string, pid_t>> names;
+  while (const dirent* e = ::readdir(d))
+    if (const auto pid = ctl::pid_of_shared_name(e->d_name, kPrefix)) names.emplace_back(e->d_name, *pid);
   ::closedir(d);
-  for (const std::string& name : names) {
-    const std::string rest = name.substr(plen);
-    const auto dot = rest.find('.');
-    if (dot == std::string::npos || rest.size() - dot - 1 != 16) continue;
-    const auto pid = ctl::parse_pid(std::string_view(rest).substr(0, dot));
-    if (!pid || *pid == self) continue;
+  for (const auto& [name, p] : names) {
+    const std::optional<pid_t> pid = p;
+    if (*pid == self) continue;
     const std::string path = dir + "/" + name;
     const std::uint64_t start = ctl::process_start_time(*pid);
     if (start == 0 || ctl::process_is_zombie_or_dead(*pid)) {

@@ -50,20 +50,10 @@ std::vector<File> entry_files(const std::string& dir) {
   std::vector<File> out;
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) return out;
-  const std::size_t plen = std::strlen(kPrefix);
   while (const dirent* e = ::readdir(d)) {
-    const std::string name = e->d_name;
-    if (name.compare(0, plen, kPrefix) != 0) continue;
-    // "<pid>.<16 hex>", or that and kTempSuffix
-    std::string rest = name.substr(plen);
-    const std::size_t tlen = std::strlen(kTempSuffix);
-    const bool temp = rest.size() > tlen && rest.compare(rest.size() - tlen, tlen, kTempSuffix) == 0;
-    if (temp) rest.resize(rest.size() - tlen);
-    const auto dot = rest.find('.');
-    if (dot == std::string::npos || rest.size() - dot - 1 != 16) continue;
-    // Anyone can create such a name: a checked parse, so ten digits cannot
-    // overflow the pid (UBSan caught "9999999999").
-    if (const auto pid = parse_pid(std::string_view(rest).substr(0, dot))) out.push_back({name, *pid, temp});
+    bool temp = false;
+    if (const auto pid = pid_of_shared_name(e->d_name, kPrefix, kTempSuffix, &temp))
+      out.push_back({e->d_name, *pid, temp});
   }
   ::closedir(d);
   return out;
@@ -145,6 +135,18 @@ std::string random_hex() {
   char buf[17];
   std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(r));
   return buf;
+}
+
+std::optional<pid_t> pid_of_shared_name(std::string_view name, std::string_view prefix, std::string_view temp_suffix,
+                                        bool* temp) {
+  if (!name.starts_with(prefix)) return std::nullopt;
+  std::string_view rest = name.substr(prefix.size());
+  const bool is_temp = !temp_suffix.empty() && rest.size() > temp_suffix.size() && rest.ends_with(temp_suffix);
+  if (is_temp) rest.remove_suffix(temp_suffix.size());
+  if (temp != nullptr) *temp = is_temp;
+  const auto dot = rest.find('.');
+  if (dot == std::string_view::npos || rest.size() - dot - 1 != 16) return std::nullopt;
+  return parse_pid(rest.substr(0, dot));
 }
 
 bool may_remove(const struct stat& st) { return ::geteuid() == 0 || st.st_uid == ::geteuid(); }

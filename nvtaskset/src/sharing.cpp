@@ -84,14 +84,6 @@ std::string user_name(uid_t uid) {
   return std::to_string(uid);
 }
 
-namespace {
-std::uint64_t monotonic_ns() {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
-}  // namespace
-
 int print_status(Devices& devices, bool json) {
   std::vector<ctl::StatusEntry> status = ctl::read_status();
   // Each task's region is attached once (attach scans the task's
@@ -226,7 +218,7 @@ int print_status(Devices& devices, bool json) {
       if (const auto b = beacons.find(pid); b != beacons.end()) {
         const roles::Beacon& bc = *b->second.beacon;
         const roles::LcSnapshot snap = roles::snapshot(bc);
-        const std::uint64_t now = monotonic_ns();
+        const std::uint64_t now = roles::monotonic_ns();
         const bool stale = now > snap.heartbeat_ns && now - snap.heartbeat_ns > roles::kStaleNs;
         const char* state = stale ? "stale"
                              : snap.launches == snap.completed

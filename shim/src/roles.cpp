@@ -44,11 +44,7 @@ void bump(std::atomic<std::uint64_t>& c, std::uint64_t by = 1) noexcept {
   c.fetch_add(by, std::memory_order_relaxed);
 }
 
-std::uint64_t now_ns() noexcept {
-  timespec ts{};
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
-}
+std::uint64_t now_ns() noexcept { return roles::monotonic_ns(); }
 
 void sleep_ns(long ns) noexcept {
   timespec ts{0, ns};

@@ -21,6 +21,25 @@ namespace fs = std::filesystem;
 namespace nvtaskset::ctl {
 namespace {
 
+TEST(SharedName, ThePidOfAnEntryABeaconOrATemporaryFile) {
+  bool temp = true;
+  EXPECT_EQ(pid_of_shared_name("nvtaskset-status.4242.0123456789abcdef", "nvtaskset-status.", ".new", &temp), 4242);
+  EXPECT_FALSE(temp);
+  EXPECT_EQ(pid_of_shared_name("nvtaskset-status.77.0123456789abcdef.new", "nvtaskset-status.", ".new", &temp), 77);
+  EXPECT_TRUE(temp);
+  EXPECT_EQ(pid_of_shared_name("nvtaskset-beacon.9.fedcba9876543210", "nvtaskset-beacon."), 9);
+  // Without a temp suffix to strip, a temporary name is no name at all.
+  EXPECT_FALSE(pid_of_shared_name("nvtaskset-beacon.9.fedcba9876543210.new", "nvtaskset-beacon."));
+}
+
+TEST(SharedName, AnythingElseIsNoName) {
+  for (const char* n : {"nvtaskset-status.", "nvtaskset-status.12", "nvtaskset-status.12.abc",
+                        "nvtaskset-status.12.0123456789abcdef0", "nvtaskset-statusX12.0123456789abcdef",
+                        "nvtaskset-status.-5.0123456789abcdef", "nvtaskset-status.9999999999.0123456789abcdef",
+                        "nvtaskset-status.0x10.0123456789abcdef", "nvtaskset-beacon.12.0123456789abcdef", "."})
+    EXPECT_FALSE(pid_of_shared_name(n, "nvtaskset-status.", ".new")) << n;
+}
+
 class StatusDir : public ::testing::Test {
  protected:
   void SetUp() override {

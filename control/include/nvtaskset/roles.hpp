@@ -28,6 +28,7 @@
 #pragma once
 
 #include <sys/types.h>
+#include <time.h>
 
 #include <atomic>
 #include <cstdint>
@@ -203,6 +204,14 @@ struct LcSnapshot {
   bool may_burst = false;
 };
 LcSnapshot snapshot(const Beacon& b) noexcept;
+
+// CLOCK_MONOTONIC in ns: the clock of heartbeats and budgets. No system
+// call on Linux (the vDSO), so the shim may read it in intercepted calls.
+inline std::uint64_t monotonic_ns() noexcept {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<std::uint64_t>(ts.tv_sec) * 1'000'000'000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
 
 // A controller that has not passed for this long is stale: its task is
 // stopped or hangs, and BE tasks keep off its reservation without holding

@@ -23,7 +23,9 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "nvtaskset/partition.hpp"
@@ -51,6 +53,14 @@ std::string check_shared_dir(const std::string& dir);
 // 64 random bits as 16 hex digits: the part of a shared file's name (a status
 // entry, a beacon) no other user can guess and occupy first.
 std::string random_hex();
+
+// The PID a shared file of the status directory is named after:
+// "<prefix><pid>.<16 hex>" (a status entry, a beacon), or that and
+// `temp_suffix` when one is given (*temp then says which). Anyone can create
+// such a name, so the PID is parsed with checks (ten digits do not overflow
+// it); nothing for any other name.
+std::optional<pid_t> pid_of_shared_name(std::string_view name, std::string_view prefix,
+                                        std::string_view temp_suffix = {}, bool* temp = nullptr);
 
 // Whether this process may remove a file of the status directory: its own,
 // or any as root (the directory is sticky).
