@@ -1,0 +1,570 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+#
+# A one-node Slurm cluster (munged + slurmctld + slurmd) for tests, with all
+# of its state in one private directory DIR. Nothing in /etc, /var or /run is
+# read or written: it runs beside a system munge/slurm and beside other
+# instances of itself (each picks its own TCP ports).
+#
+#   cluster.sh start DIR [options]   generate config in DIR, start the daemons,
+#                                    wait until the node is idle
+#   cluster.sh stop DIR              cancel jobs, stop the daemons by PID,
+#                                    check that none survives
+#   cluster.sh env DIR               print the shell lines a test evals:
+#                                    eval "$(cluster.sh env DIR)"
+#   cluster.sh status DIR            which recorded daemons are alive, sinfo
+#   cluster.sh logs DIR [N]          the last N (30) lines of every log
+#
+# start options:
+#   --shards N        shard count of the stand-in GPU (8)
+#   --cpus N          CPUs the node advertises (8; SlurmdParameters=config_overrides,
+#                     so it need not match the machine)
+#   --node NAME       node name (hostname -s)
+#   --timeout S       seconds to wait for the idle node (30)
+#   --debug LEVEL     SlurmctldDebug/SlurmdDebug (info); e.g. debug2
+#   --owner PID       stop the cluster when process PID ends (a watchdog, so a
+#                     crashed test driver leaves no daemon behind)
+#   --max-seconds S   with or without --owner, stop the cluster after S seconds
+#                     (3600); 0 disables
+#   --no-mknod        make the stand-in GPU a regular file, not a device node
+#                     (where CAP_MKNOD is missing; steps then get no
+#                     CUDA_VISIBLE_DEVICES, SLURM_STEP_GPUS, GPU_DEVICE_ORDINAL)
+#
+# DIR must be empty or absent; its path at most 60 bytes (the slurmd spool
+# holds Unix sockets, whose paths must fit in 108 bytes).
+#
+# Every daemon runs in the foreground (-D / -F), detached with setsid, stdio
+# to DIR/log/*.out, its PID recorded in DIR/run/*.pid, and carries
+# NVTS_SLURM_HARNESS=DIR in its environment (slurmstepd and slurmscriptd
+# inherit it). `stop` signals only processes it has identified exactly:
+#   1. scancel of every job (slurmstepd ends the tasks), bounded wait;
+#   2. the jobs' processes still left: unmarked descendants of a marked
+#      process, or a process whose initial environment holds
+#      SLURM_CONF=DIR/slurm.conf and SLURM_JOB_ID (a task whose slurmstepd
+#      died): TERM, 3 s, KILL;
+#   3. slurmd, slurmctld, munged by their recorded PIDs: TERM, 10 s, KILL;
+#   4. any marked process left (a slurmstepd, which ignores TERM): TERM, 2 s,
+#      KILL.
+# A PID is signalled only while it carries the marker (or was found by rule 2)
+# and has the start time it had when found: a recycled PID is never hit.
+# Never by name: no pkill, no killall.
+set -uo pipefail
+
+SELF=$(readlink -f "$0")
+PROG=${0##*/}
+
+die() { echo "$PROG: $*" >&2; exit 1; }
+
+# ---------------------------------------------------------------- helpers ---
+
+# now_ms: milliseconds since the epoch.
+now_ms() { local t; t=$(date +%s%N); echo $((t / 1000000)); }
+
+# has_marker PID DIR: PID is alive and carries NVTS_SLURM_HARNESS=DIR.
+has_marker() {
+  local pid=$1 dir=$2 e
+  # A zombie's environ reads empty: it holds nothing and does not count.
+  { while IFS= read -r -d '' e; do
+      [[ $e == "NVTS_SLURM_HARNESS=$dir" ]] && return 0
+    done <"/proc/$pid/environ"; } 2>/dev/null
+  return 1
+}
+
+# marked_pids DIR: every live process carrying the marker of DIR.
+marked_pids() {
+  local dir=$1 p pid
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    [[ $pid == "$$" || $pid == "$BASHPID" ]] && continue
+    has_marker "$pid" "$dir" && echo "$pid"
+  done
+}
+
+# used_ports: every local TCP port in use, in any state (from /proc, so
+# neither ss nor netstat is needed): an outgoing connection's local port
+# blocks bind() as much as a listener does.
+used_ports() {
+  local f h
+  for f in /proc/net/tcp /proc/net/tcp6; do
+    [[ -r $f ]] || continue
+    awk 'NR > 1 { split($2, a, ":"); print a[2] }' "$f" |
+      while read -r h; do echo $((16#$h)); done
+  done
+}
+
+# pick_ports: two adjacent free TCP ports, random, in 10000..31999: below
+# Linux's ephemeral range (ip_local_port_range, 32768..60999 by default), so
+# no outgoing connection takes them between this pick and bind().
+pick_ports() {
+  local used base lo=10000 hi=32000 range
+  read -r range _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null && ((range > lo + 2000 && range < hi)) && hi=$range
+  used=" $(used_ports | sort -u | tr '\n' ' ') "
+  for _ in $(seq 1 200); do
+    base=$((lo + (RANDOM * 32768 + RANDOM) % (hi - lo - 1)))
+    [[ $used == *" $base "* || $used == *" $((base + 1)) "* ]] && continue
+    echo "$base $((base + 1))"
+    return 0
+  done
+  return 1
+}
+
+pidfile_of() { echo "$1/run/$2.pid"; }
+
+# alive NAME DIR: the recorded daemon NAME of DIR is still running.
+alive() {
+  local f pid
+  f=$(pidfile_of "$2" "$1")
+  [[ -s $f ]] || return 1
+  pid=$(<"$f")
+  has_marker "$pid" "$2"
+}
+
+tail_logs() {
+  local dir=$1 n=${2:-30} f
+  for f in "$dir"/munge/munged.log "$dir"/log/*.log "$dir"/log/*.out; do
+    [[ -s $f ]] || continue
+    echo "----- $f (last $n lines)"
+    tail -n "$n" "$f"
+  done
+}
+
+# daemon NAME DIR CMD...: start CMD detached (own session, stdio to a file),
+# with the marker in its environment; record its PID.
+daemon() {
+  local name=$1 dir=$2
+  shift 2
+  NVTS_SLURM_HARNESS=$dir SLURM_CONF=$dir/slurm.conf \
+    setsid "$@" </dev/null >>"$dir/log/$name.out" 2>&1 &
+  echo $! >"$(pidfile_of "$dir" "$name")"
+}
+
+# ------------------------------------------------------------ config files ---
+
+write_config() {
+  local dir=$1 node=$2 cpus=$3 shards=$4 ctld_port=$5 slurmd_port=$6 debug=$7 cluster=$8
+  cat >"$dir/slurm.conf" <<EOF
+# Generated by tests/slurm/cluster.sh: a private one-node cluster.
+ClusterName=$cluster
+SlurmctldHost=$node(127.0.0.1)
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$dir/munge/munge.socket
+CredType=cred/munge
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/run/slurmctld.daemon.pid
+SlurmdPidFile=$dir/run/slurmd.daemon.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd.log
+SlurmctldDebug=$debug
+SlurmdDebug=$debug
+TmpFS=$dir/tmp
+PlugStackConfig=$dir/plugstack.conf
+MailProg=/bin/true
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+SwitchType=switch/none
+MpiDefault=none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SchedulerType=sched/builtin
+SlurmdParameters=config_overrides
+GresTypes=gpu,shard
+ReturnToService=2
+# Short timeouts: a test waits on none of them in the normal case.
+SlurmctldTimeout=30
+SlurmdTimeout=30
+MessageTimeout=5
+TCPTimeout=2
+InactiveLimit=0
+KillWait=2
+WaitTime=0
+UnkillableStepTimeout=30
+MinJobAge=300
+NodeName=$node NodeAddr=127.0.0.1 NodeHostname=$node CPUs=$cpus Sockets=1 CoresPerSocket=$cpus ThreadsPerCore=1 RealMemory=1000 Gres=gpu:1,shard:$shards State=UNKNOWN
+PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
+EOF
+  cat >"$dir/gres.conf" <<EOF
+# Generated by tests/slurm/cluster.sh. The stand-in GPU is a character device
+# node (major 195 = nvidia, minor 0) made with mknod in DIR/dev.
+AutoDetect=off
+Name=gpu File=$dir/dev/nvidia0
+Name=shard Count=$shards File=$dir/dev/nvidia0
+EOF
+  [[ -e $dir/plugstack.conf ]] || : >"$dir/plugstack.conf"
+}
+
+write_env() {
+  local dir=$1 node=$2
+  {
+    # A test driver that itself runs inside a Slurm job must not make srun
+    # join that job: drop the job's variables, keep the private config.
+    echo 'unset $(env | sed -n "s/^\(SLURM_[A-Za-z0-9_]*\)=.*/\1/p") 2>/dev/null || true'
+    echo "export SLURM_CONF='$dir/slurm.conf'"
+    echo "export NVTS_SLURM_DIR='$dir'"
+    echo "export NVTS_SLURM_NODE='$node'"
+    echo "export NVTS_SLURM_PLUGSTACK='$dir/plugstack.conf'"
+    echo "export NVTS_SLURM_GPU_DEVICE='$dir/dev/nvidia0'"
+    echo "export NVTS_SLURM_MUNGE_SOCKET='$dir/munge/munge.socket'"
+  } >"$dir/env"
+}
+
+# ------------------------------------------------------------------ start ---
+
+# start_fail DIR MESSAGE: stop what was started, then say why in one line
+# followed by the logs' tails (stopping first: a reader that closes the pipe
+# early must not leave daemons behind).
+start_fail() {
+  local dir=$1 msg=$2 logs
+  logs=$(tail_logs "$dir" 2>&1)
+  cmd_stop "$dir" >/dev/null 2>&1
+  STARTING=""
+  echo "$PROG: start: $msg" >&2
+  echo "$logs" >&2
+  exit 1
+}
+
+# While start runs, any exit (a signal, set -u, a bug) stops what it started.
+STARTING=""
+on_exit() { [[ -n $STARTING ]] && cmd_stop "$STARTING" >/dev/null 2>&1; }
+trap on_exit EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap '' PIPE
+
+cmd_start() {
+  local dir=${1:-}
+  [[ -n $dir ]] || die "start: no DIR"
+  shift
+  local shards=8 cpus=8 node timeout=30 debug=info owner="" max_seconds=3600 no_mknod=0
+  node=$(hostname -s)
+  while (($#)); do
+    case $1 in
+      --shards) shards=$2; shift 2 ;;
+      --cpus) cpus=$2; shift 2 ;;
+      --node) node=$2; shift 2 ;;
+      --timeout) timeout=$2; shift 2 ;;
+      --debug) debug=$2; shift 2 ;;
+      --owner) owner=$2; shift 2 ;;
+      --max-seconds) max_seconds=$2; shift 2 ;;
+      --no-mknod) no_mknod=1; shift ;;
+      *) die "start: unknown option $1" ;;
+    esac
+  done
+  [[ $shards =~ ^[1-9][0-9]*$ ]] || die "start: --shards must be a positive integer, got '$shards'"
+  [[ $cpus =~ ^[1-9][0-9]*$ ]] || die "start: --cpus must be a positive integer, got '$cpus'"
+  [[ $(id -u) == 0 ]] || die "start: must run as root (SlurmUser=root, slurmd runs steps as their users)"
+  local b
+  for b in munged mungekey munge slurmctld slurmd sinfo scontrol srun setsid mknod; do
+    command -v "$b" >/dev/null || die "start: '$b' not found (apt-get install slurmctld slurmd slurm-client munge)"
+  done
+
+  mkdir -p "$dir" || die "start: cannot create $dir"
+  dir=$(readlink -f "$dir")
+  [[ -z $(ls -A "$dir") ]] || die "start: $dir is not empty (use a fresh directory per cluster)"
+  ((${#dir} <= 60)) || die "start: DIR path too long (${#dir} > 60 bytes; Unix socket paths under it must fit in 108)"
+
+  local t0
+  t0=$(now_ms)
+  STARTING=$dir
+  # munged checks permissions: the socket's directory and every directory
+  # above it must be executable by all, none writable by group/other unless
+  # sticky; the key 0600. mktemp -d makes 0700, hence the chmod.
+  chmod 0755 "$dir"
+  mkdir -m 0755 "$dir"/{munge,run,log,state,spool,tmp,dev} || die "start: mkdir in $dir failed"
+  mungekey --create --keyfile="$dir/munge/munge.key" 2>"$dir/log/mungekey.err" ||
+    die "start: mungekey failed: $(cat "$dir/log/mungekey.err")"
+  # The stand-in GPU: a character device node, major 195 (nvidia), minor 0.
+  # gres.conf File= may name any path: slurmd stat()s it. With a regular file
+  # slurmd logs "is not a valid character or block device" and still counts
+  # the gres, but steps then get no CUDA_VISIBLE_DEVICES / SLURM_STEP_GPUS /
+  # GPU_DEVICE_ORDINAL (only SLURM_GPUS_ON_NODE and SLURM_SHARDS_ON_NODE); a
+  # missing file is fatal to slurmd. So mknod (CAP_MKNOD) is required unless
+  # the caller accepts that with --no-mknod.
+  if ((no_mknod)); then
+    : >"$dir/dev/nvidia0"
+  elif ! mknod -m 0666 "$dir/dev/nvidia0" c 195 0 2>"$dir/log/mknod.err"; then
+    die "start: mknod $dir/dev/nvidia0 c 195 0 failed ($(cat "$dir/log/mknod.err")): CAP_MKNOD is needed (--no-mknod: a regular file, and steps get no CUDA_VISIBLE_DEVICES)"
+  fi
+
+  local attempt ports ctld_port slurmd_port ok=0 deadline reason="" t_munge=0 t_ctld=0 cluster
+  cluster=nvts$((RANDOM % 100000))
+  for attempt in 1 2 3; do
+    ports=$(pick_ports) || die "start: no free TCP port pair found"
+    read -r ctld_port slurmd_port <<<"$ports"
+    write_config "$dir" "$node" "$cpus" "$shards" "$ctld_port" "$slurmd_port" "$debug" "$cluster"
+    write_env "$dir" "$node"
+    export SLURM_CONF=$dir/slurm.conf
+
+    if ! alive munged "$dir"; then
+      daemon munged "$dir" munged --foreground \
+        --socket="$dir/munge/munge.socket" --key-file="$dir/munge/munge.key" \
+        --pid-file="$dir/munge/munged.pid" --log-file="$dir/munge/munged.log" \
+        --seed-file="$dir/munge/munged.seed"
+      deadline=$(($(now_ms) + 5000))
+      until munge -n -S "$dir/munge/munge.socket" 2>/dev/null |
+        unmunge -S "$dir/munge/munge.socket" >/dev/null 2>&1; do
+        if ! alive munged "$dir" || (($(now_ms) > deadline)); then
+          start_fail "$dir" "munged did not come up in 5 s"
+        fi
+        sleep 0.02
+      done
+    fi
+
+    t_munge=$(($(now_ms) - t0))
+    daemon slurmctld "$dir" slurmctld -D -i -f "$dir/slurm.conf"
+    # slurmd registers once at start; starting it as soon as slurmctld answers
+    # saves the wait for slurmctld's next ping.
+    deadline=$(($(now_ms) + timeout * 1000))
+    until scontrol ping 2>/dev/null | grep -q 'is UP'; do
+      alive slurmctld "$dir" || break
+      (($(now_ms) > deadline)) && break
+      sleep 0.05
+    done
+    t_ctld=$(($(now_ms) - t0))
+    if alive slurmctld "$dir"; then
+      daemon slurmd "$dir" slurmd -D -N "$node" -f "$dir/slurm.conf"
+      while (($(now_ms) <= deadline)); do
+        if [[ $(sinfo -h -N -n "$node" -o '%t' 2>/dev/null) == idle ]]; then ok=1; break; fi
+        alive slurmctld "$dir" && alive slurmd "$dir" || break
+        sleep 0.05
+      done
+    fi
+    ((ok)) && break
+    # A port taken between pick_ports and bind(): try again with others.
+    if grep -qs 'Address already in use' "$dir"/log/slurmctld.log "$dir"/log/slurmd.log "$dir"/log/*.out; then
+      reason="port in use"
+      stop_daemon slurmd "$dir"
+      stop_daemon slurmctld "$dir"
+      mkdir -p "$dir/log/attempt$attempt" && mv "$dir"/log/slurm*.* "$dir/log/attempt$attempt/" 2>/dev/null
+      rm -rf "${dir:?}/state" "${dir:?}/spool" && mkdir -m 0755 "$dir/state" "$dir/spool"
+      continue
+    fi
+    break
+  done
+  if ((!ok)); then
+    local why="node $node not idle after ${timeout} s"
+    alive slurmctld "$dir" || why="slurmctld exited"
+    [[ $why == "slurmctld exited" ]] || alive slurmd "$dir" || why="slurmd exited"
+    [[ -n $reason ]] && why="$why ($reason)"
+    start_fail "$dir" "$why; sinfo: $(sinfo -h -N -o '%N %t %E' 2>&1 | head -3 | tr '\n' ' ')"
+  fi
+  local ms=$(($(now_ms) - t0))
+  STARTING=""
+  echo "$ms" >"$dir/run/start_ms"
+  echo "munge_ready_ms=$t_munge slurmctld_up_ms=$t_ctld node_idle_ms=$ms" >"$dir/run/start_phases"
+
+  if [[ -n $owner || $max_seconds != 0 ]]; then
+    # The watchdog: a plain bash loop, itself marked, stopped by `stop`.
+    NVTS_SLURM_HARNESS=$dir setsid bash -c '
+      owner=$1 max=$2 self=$3 dir=$4
+      end=$(( max > 0 ? SECONDS + max : 0 ))
+      # read -t on a FIFO nobody writes: a 1 s wait with no child process.
+      mkfifo "$dir/run/watchdog.fifo" && exec 9<>"$dir/run/watchdog.fifo" || exit 1
+      while :; do
+        [[ -n $owner ]] && ! kill -0 "$owner" 2>/dev/null && break
+        (( end > 0 && SECONDS >= end )) && break
+        read -r -t 1 -u 9
+      done
+      env -u NVTS_SLURM_HARNESS "$self" stop "$dir" --from-watchdog
+    ' watchdog "$owner" "$max_seconds" "$SELF" "$dir" </dev/null >>"$dir/log/watchdog.out" 2>&1 &
+    echo $! >"$(pidfile_of "$dir" watchdog)"
+  fi
+  echo "$PROG: cluster up in $ms ms: node $node idle, SLURM_CONF=$dir/slurm.conf, ports $ctld_port/$slurmd_port"
+}
+
+# ------------------------------------------------------------------- stop ---
+
+# proc_id PID: "STATE STARTTIME" from /proc/PID/stat (fields 3 and 22,
+# counted after the last ')' of comm), empty when PID does not exist.
+proc_id() {
+  local s
+  { read -r s <"/proc/$1/stat"; } 2>/dev/null || return 1
+  s=${s##*) }
+  set -- $s
+  echo "$1 ${20}"
+}
+
+# still_running PID START: PID is the process that had start time START
+# and is not a zombie. (A dying process's environ is unreadable before it is
+# gone, so the marker alone cannot tell when it has ended.)
+still_running() {
+  local id
+  id=$(proc_id "$1") || return 1
+  [[ ${id#* } == "$2" && ${id%% *} != Z ]]
+}
+
+# stop_pids WAIT_S PID...: TERM the PIDs (already identified as this
+# cluster's by the caller), wait up to WAIT_S seconds for them to end, then
+# KILL the rest. Each is followed by its start time, so a PID that ends and is
+# reused meanwhile is never signalled again.
+stop_pids() {
+  local wait_s=$1 pid id left deadline
+  shift
+  local pids=() starts=() i
+  for pid in "$@"; do
+    id=$(proc_id "$pid") || continue
+    pids+=("$pid"); starts+=("${id#* }")
+  done
+  ((${#pids[@]})) || return 0
+  kill -TERM "${pids[@]}" 2>/dev/null
+  deadline=$(($(now_ms) + wait_s * 1000))
+  while :; do
+    left=()
+    for i in "${!pids[@]}"; do still_running "${pids[i]}" "${starts[i]}" && left+=("${pids[i]}"); done
+    ((${#left[@]})) || return 0
+    (($(now_ms) > deadline)) && break
+    sleep 0.05
+  done
+  echo "$PROG: stop: KILL ${left[*]} (still alive ${wait_s} s after TERM)" >&2
+  kill -KILL "${left[@]}" 2>/dev/null
+  deadline=$(($(now_ms) + 2000))
+  while (($(now_ms) <= deadline)); do
+    left=()
+    for i in "${!pids[@]}"; do still_running "${pids[i]}" "${starts[i]}" && left+=("${pids[i]}"); done
+    ((${#left[@]})) || return 0
+    sleep 0.05
+  done
+  return 1
+}
+
+describe() { local p; for p in "$@"; do printf '%s(%s) ' "$p" "$(cat "/proc/$p/comm" 2>/dev/null)"; done; }
+
+# job_pids DIR [EXCLUDE_PID]: the processes of this cluster's jobs that carry
+# no marker: every unmarked descendant of a marked process (the tasks under
+# slurmstepd), and every process whose initial environment holds both
+# SLURM_CONF=DIR/slurm.conf and SLURM_JOB_ID (a task whose parent died). The
+# subtree of EXCLUDE_PID (the watchdog, and this script under it) is skipped.
+job_pids() {
+  local dir=$1 skip=${2:-} p pid st rest e conf=0 job=0 a local_hit
+  local -A parent=() marked=()
+  for p in /proc/[0-9]*; do
+    pid=${p#/proc/}
+    { read -r st <"$p/stat"; } 2>/dev/null || continue
+    rest=${st##*) }
+    set -- $rest
+    [[ $1 == Z ]] && continue
+    parent[$pid]=$2
+    has_marker "$pid" "$dir" && marked[$pid]=1
+  done
+  for pid in "${!parent[@]}"; do
+    [[ -n ${marked[$pid]:-} || $pid == "$$" || $pid == "$BASHPID" ]] && continue
+    # Ancestors: under EXCLUDE_PID or this script -> skip; under a marked one -> a task.
+    a=${parent[$pid]}; local_hit=0
+    while [[ -n $a && $a != 0 && $a != 1 ]]; do
+      [[ $a == "$skip" || $a == "$$" ]] && { local_hit=2; break; }
+      [[ -n ${marked[$a]:-} ]] && { local_hit=1; break; }
+      a=${parent[$a]:-}
+    done
+    ((local_hit == 2)) && continue
+    if ((local_hit == 1)); then echo "$pid"; continue; fi
+    conf=0 job=0
+    { while IFS= read -r -d '' e; do
+        [[ $e == "SLURM_CONF=$dir/slurm.conf" ]] && conf=1
+        [[ $e == SLURM_JOB_ID=* ]] && job=1
+      done <"/proc/$pid/environ"; } 2>/dev/null
+    ((conf && job)) && echo "$pid"
+  done
+}
+
+stop_daemon() {
+  local name=$1 dir=$2 f
+  f=$(pidfile_of "$dir" "$name")
+  [[ -s $f ]] || return 0
+  has_marker "$(<"$f")" "$dir" || return 0
+  stop_pids 10 "$(<"$f")"
+}
+
+cmd_stop() {
+  local dir=${1:-}
+  [[ -n $dir ]] || die "stop: no DIR"
+  # DIR may be gone (deleted under a running cluster): then no pid file and
+  # no scancel, but the marker still names every daemon and slurmstepd.
+  dir=$(readlink -m "$dir")
+  [[ -d $dir ]] || echo "$PROG: stop: no directory $dir; stopping the processes marked with it" >&2
+  [[ ${2:-} == --from-watchdog ]] && echo "$PROG: watchdog: stopping the cluster in $dir" >&2
+  local t0 rc=0
+  t0=$(now_ms)
+  export SLURM_CONF=$dir/slurm.conf
+  # 1. Cancel every job, so slurmstepd ends its tasks and exits by itself.
+  if alive slurmctld "$dir" && [[ -n $(squeue -h -o %i 2>/dev/null) ]]; then
+    squeue -h -o %i 2>/dev/null | xargs -r scancel 2>/dev/null
+    local deadline=$(($(now_ms) + 8000))
+    while (($(now_ms) <= deadline)); do
+      [[ -z $(squeue -h -o %i 2>/dev/null) ]] && break
+      sleep 0.1
+    done
+  fi
+  local watchdog rest
+  watchdog=$(cat "$(pidfile_of "$dir" watchdog)" 2>/dev/null)
+  # 2. The jobs' own processes, if any are left (slurmctld was dead, or a task
+  #    ignored scancel): slurmstepd may ignore TERM, and a task outlives a
+  #    KILLed slurmstepd.
+  mapfile -t rest < <(job_pids "$dir" "$watchdog")
+  if ((${#rest[@]})); then
+    echo "$PROG: stop: job processes left: $(describe "${rest[@]}")" >&2
+    stop_pids 3 "${rest[@]}" || rc=1
+  fi
+  # 3. The daemons, in dependency order, each by its recorded PID. The
+  #    watchdog is left to last when it is the one stopping.
+  if [[ ${2:-} != --from-watchdog ]]; then stop_daemon watchdog "$dir"; watchdog=""; fi
+  stop_daemon slurmd "$dir" || rc=1
+  stop_daemon slurmctld "$dir" || rc=1
+  stop_daemon munged "$dir" || rc=1
+  # 4. Anything else the daemons started (slurmstepd, slurmscriptd) carries
+  #    the marker: signal those exact PIDs.
+  mapfile -t rest < <(marked_pids "$dir" | grep -vx "${watchdog:-none}"; job_pids "$dir" "$watchdog")
+  if ((${#rest[@]})); then
+    echo "$PROG: stop: leftover processes of this cluster: $(describe "${rest[@]}")" >&2
+    stop_pids 2 "${rest[@]}" || rc=1
+  fi
+  mapfile -t rest < <(marked_pids "$dir" | grep -vx "${watchdog:-none}"; job_pids "$dir" "$watchdog")
+  if ((${#rest[@]})); then
+    echo "$PROG: stop: processes survive KILL: $(describe "${rest[@]}")" >&2
+    rc=1
+  fi
+  { echo "$(($(now_ms) - t0))" >"$dir/run/stop_ms"; } 2>/dev/null
+  ((rc == 0)) && echo "$PROG: cluster in $dir stopped in $(($(now_ms) - t0)) ms"
+  return $rc
+}
+
+# ------------------------------------------------------------ env, status ---
+
+cmd_env() {
+  local dir=${1:-}
+  [[ -n $dir ]] || die "env: no DIR"
+  dir=$(readlink -f "$dir")
+  [[ -s $dir/env ]] || die "env: $dir holds no cluster (run start first)"
+  cat "$dir/env"
+}
+
+cmd_status() {
+  local dir=${1:-} name rc=0
+  [[ -n $dir ]] || die "status: no DIR"
+  dir=$(readlink -f "$dir")
+  for name in munged slurmctld slurmd watchdog; do
+    if alive "$name" "$dir"; then
+      echo "$name: running, pid $(<"$(pidfile_of "$dir" "$name")")"
+    else
+      echo "$name: not running"
+      [[ $name == watchdog ]] || rc=1
+    fi
+  done
+  SLURM_CONF=$dir/slurm.conf sinfo -N 2>&1
+  return $rc
+}
+
+case ${1:-} in
+  start) shift; cmd_start "$@" ;;
+  stop) shift; cmd_stop "$@" ;;
+  env) shift; cmd_env "$@" ;;
+  status) shift; cmd_status "$@" ;;
+  logs) shift; [[ -n ${1:-} ]] || die "logs: no DIR"; tail_logs "$(readlink -f "$1")" "${2:-30}" ;;
+  *) sed -n '3,/^set -uo/p' "$SELF" | sed '$d' | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac
