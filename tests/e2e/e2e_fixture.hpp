@@ -3,7 +3,8 @@
 // `nvtaskset` binary and the real shim against the stand-in driver
 // (tests/fakecuda), reads what the stand-in recorded for each launch, and
 // kills whatever is still running at the end of a test. Each test file
-// includes it and builds on its own, so the files compile in parallel.
+// includes it and builds on its own, so the files compile in parallel; the
+// fixture's code is compiled once, in e2e_fixture.cpp, not in every file.
 #pragma once
 
 #include <fcntl.h>
@@ -61,15 +62,7 @@ inline std::string shim_dir() { return fs::path(kShim).parent_path().string(); }
 
 // The descriptor through which process `pid` holds its control region (an
 // anonymous memory file, "/memfd:nvtaskset.<pid>"), or "" when it has none.
-inline std::string region_fd(long pid) {
-  const std::string want = "/memfd:nvtaskset." + std::to_string(pid) + " (deleted)";
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
-    std::error_code ec2;
-    if (fs::read_symlink(e.path(), ec2).string() == want) return e.path().string();
-  }
-  return "";
-}
+std::string region_fd(long pid);
 
 // Any child (nvtaskset, -p, a launcher) must finish within this.
 constexpr Ms kTimeout = 20s;
@@ -78,47 +71,14 @@ constexpr Ms kWait = 10s;
 
 using Env = std::map<std::string, std::string>;
 
-inline std::string read_file(const std::string& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-inline std::vector<std::string> lines_of(const std::string& s) {
-  std::vector<std::string> out;
-  std::istringstream in(s);
-  for (std::string l; std::getline(in, l);)
-    if (!l.empty()) out.push_back(l);
-  return out;
-}
-
-inline bool exists(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0;
-}
-
-inline void touch(const std::string& p) { std::ofstream(p) << ""; }
-
-inline bool wait_until(const std::function<bool()>& pred, Ms timeout = kWait) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (!pred()) {
-    if (std::chrono::steady_clock::now() > deadline) return pred();
-    std::this_thread::sleep_for(2ms);
-  }
-  return true;
-}
+std::string read_file(const std::string& path);
+std::vector<std::string> lines_of(const std::string& s);
+bool exists(const std::string& p);
+void touch(const std::string& p);
+bool wait_until(const std::function<bool()>& pred, Ms timeout = kWait);
 
 // "0x" + minimal lowercase hex of a 128-bit value, as the stand-in records it.
-inline std::string hex128(std::uint64_t hi, std::uint64_t lo) {
-  char buf[40];
-  if (hi)
-    std::snprintf(buf, sizeof buf, "0x%llx%016llx", static_cast<unsigned long long>(hi),
-                  static_cast<unsigned long long>(lo));
-  else
-    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(lo));
-  return buf;
-}
+std::string hex128(std::uint64_t hi, std::uint64_t lo);
 // The disable mask a V01-V03 TMD (64-bit mask field) gets for an enable mask.
 inline std::string disable64(std::uint64_t enabled) { return hex128(0, ~enabled); }
 // The disable mask a V04/V05 TMD (128-bit mask field) gets.
@@ -133,31 +93,12 @@ struct Result {
   std::string command;
 };
 
-inline std::ostream& operator<<(std::ostream& os, const Result& r) {
-  os << "\n  command: " << r.command << "\n  ";
-  if (r.timed_out) os << "TIMED OUT (killed)";
-  else if (r.exited) os << "exit " << r.code;
-  else os << "killed by signal " << r.signal << " (" << strsignal(r.signal) << ")";
-  return os << "\n  stdout: [" << r.out << "]\n  stderr: [" << r.err << "]";
-}
+std::ostream& operator<<(std::ostream& os, const Result& r);
 
-inline ::testing::AssertionResult ExitedWith(const Result& r, int code) {
-  if (!r.timed_out && r.exited && r.code == code) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "expected exit " << code << r;
-}
-
+::testing::AssertionResult ExitedWith(const Result& r, int code);
 // The CLI's error contract: exactly one line on stderr, "nvtaskset: <message>".
-inline ::testing::AssertionResult OneErrorLine(const Result& r) {
-  const auto ls = lines_of(r.err);
-  if (ls.size() == 1 && ls[0].starts_with("nvtaskset: ") && ls[0].size() > 11 && r.err.ends_with("\n"))
-    return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "expected one stderr line \"nvtaskset: <message>\"" << r;
-}
-
-inline ::testing::AssertionResult FailedWithOneLine(const Result& r, int code = 1) {
-  if (auto a = ExitedWith(r, code); !a) return a;
-  return OneErrorLine(r);
-}
+::testing::AssertionResult OneErrorLine(const Result& r);
+::testing::AssertionResult FailedWithOneLine(const Result& r, int code = 1);
 
 struct Record {
   long pid = 0;
@@ -167,9 +108,7 @@ struct Record {
   std::string source;  // "launch", or "graph<grid width>" for a graph kernel node
 };
 
-inline std::ostream& operator<<(std::ostream& os, const Record& r) {
-  return os << r.pid << " " << r.layout << " " << r.valid << " " << r.mask << " " << r.source;
-}
+std::ostream& operator<<(std::ostream& os, const Record& r);
 
 // A started child process, in its own process group.
 struct Proc {
@@ -181,81 +120,18 @@ struct Proc {
   std::string out() const { return read_file(out_path); }
   std::string err() const { return read_file(err_path); }
 
-  bool running() {
-    if (reaped) return false;
-    int st = 0;
-    const pid_t r = ::waitpid(pid, &st, WNOHANG);
-    if (r == pid) {
-      finish(st, false);
-      return false;
-    }
-    return true;
-  }
-
-  Result wait(Ms timeout = kTimeout) {
-    if (reaped) return result;
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    int st = 0;
-    for (;;) {
-      const pid_t r = ::waitpid(pid, &st, WNOHANG);
-      if (r == pid) break;
-      if (r < 0 && errno != EINTR) break;
-      if (std::chrono::steady_clock::now() > deadline) {
-        ::kill(-pid, SIGKILL);
-        ::waitpid(pid, &st, 0);
-        finish(st, true);
-        return result;
-      }
-      std::this_thread::sleep_for(1ms);
-    }
-    finish(st, false);
-    return result;
-  }
-
-  void kill_group() {
-    if (reaped) return;
-    ::kill(-pid, SIGKILL);
-    int st = 0;
-    ::waitpid(pid, &st, 0);
-    finish(st, true);
-  }
+  bool running();
+  Result wait(Ms timeout = kTimeout);
+  void kill_group();
 
  private:
-  void finish(int st, bool timed_out) {
-    reaped = true;
-    result.timed_out = timed_out;
-    result.exited = WIFEXITED(st);
-    result.code = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-    result.signal = WIFSIGNALED(st) ? WTERMSIG(st) : 0;
-    result.out = out();
-    result.err = err();
-    result.command = command;
-  }
+  void finish(int st, bool timed_out);
 };
 
 class E2E : public ::testing::Test {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/nvtaskset-e2e-XXXXXX";
-    ASSERT_NE(::mkdtemp(tmpl), nullptr) << std::strerror(errno);
-    dir_ = tmpl;
-    record_ = path("record");
-    fs::create_directories(path("tmp"));
-    // The public status entries of this test's tasks (control/status.hpp):
-    // sticky and world-writable, as /dev/shm, for the second-user tests.
-    fs::create_directories(path("status"));
-    ::chmod(path("status").c_str(), 01777);
-    env_ = base_env();
-  }
-
-  void TearDown() override {
-    for (auto& p : procs_) {
-      p->kill_group();
-    }
-    for (const auto& f : cleanup_) ::unlink(f.c_str());
-    std::error_code ec;
-    fs::remove_all(dir_, ec);
-  }
+  void SetUp() override;
+  void TearDown() override;
 
   std::string path(const std::string& name) const { return dir_ + "/" + name; }
 
@@ -268,91 +144,13 @@ class E2E : public ::testing::Test {
   struct Copies {
     std::string cli, shim, launcher, launcher_dlopen;
   };
-  Copies copies_for_other_users() {
-    const std::string d = path("pub");
-    fs::create_directories(d + "/bin");
-    fs::create_directories(d + "/lib/nvtaskset");
-    fs::create_directories(d + "/driver");
-    const Copies c{d + "/bin/nvtaskset", d + "/lib/nvtaskset/libcuda.so.1", d + "/bin/launcher",
-                   d + "/bin/launcher_dlopen"};
-    const std::string fake = d + "/driver/libcuda.so.1";
-    for (const auto& [from, to] : std::vector<std::pair<std::string, std::string>>{
-             {kCli, c.cli}, {kShim, c.shim}, {kLauncher, c.launcher}, {kLauncherDlopen, c.launcher_dlopen}, {kFake, fake}})
-      fs::copy_file(from, to, fs::copy_options::overwrite_existing);
-    for (const std::string& x : {d, d + "/bin", d + "/lib", d + "/lib/nvtaskset", d + "/driver", c.cli, c.shim,
-                                 c.launcher, c.launcher_dlopen, fake})
-      ::chmod(x.c_str(), 0755);
-    ::chmod(dir_.c_str(), 0711);
-    env_["NVTASKSET_REAL_LIBCUDA"] = fake;
-    return c;
-  }
+  Copies copies_for_other_users();
 
   // The caller's environment without anything that could steer the shim, the
   // stand-in, CUDA or MPS, plus the stand-in as the real driver.
-  Env base_env() const {
-    Env e;
-    for (char** p = environ; *p; ++p) {
-      const std::string kv = *p;
-      const auto eq = kv.find('=');
-      if (eq == std::string::npos) continue;
-      const std::string k = kv.substr(0, eq);
-      if (k.starts_with("NVTASKSET_") || k.starts_with("FAKECUDA_") || k.starts_with("CUDA_") ||
-          k.starts_with("LD_") || k.starts_with("XDG_") || k == "SPDLOG_LEVEL" || k == "TMPDIR")
-        continue;
-      e[k] = kv.substr(eq + 1);
-    }
-    e["NVTASKSET_REAL_LIBCUDA"] = kFake;
-    e["FAKECUDA_RECORD"] = record_;
-    // Keep any topology cache or config of the CLI inside this test.
-    e["XDG_CACHE_HOME"] = path("cache");
-    e["XDG_CONFIG_HOME"] = path("config");
-    e["XDG_RUNTIME_DIR"] = path("runtime");
-    e["TMPDIR"] = path("tmp");
-    // Every nvtaskset run here passes --no-mps; should one still reach for
-    // MPS, it finds no daemon and no control program.
-    e["CUDA_MPS_PIPE_DIRECTORY"] = path("mps-pipe");
-    e["CUDA_MPS_LOG_DIRECTORY"] = path("mps-log");
-    e["NVTASKSET_MPS_CONTROL"] = path("no-such-mps-control");
-    e["NVTASKSET_STATUS_DIR"] = path("status");
-    return e;
-  }
+  Env base_env() const;
 
-  Proc& start(const std::vector<std::string>& argv, const Env& env) {
-    auto p = std::make_unique<Proc>();
-    const std::string tag = std::to_string(procs_.size());
-    p->out_path = path("out." + tag);
-    p->err_path = path("err." + tag);
-    for (const auto& a : argv) p->command += (p->command.empty() ? "" : " ") + ("'" + a + "'");
-
-    std::vector<std::string> envs;
-    for (const auto& [k, v] : env) envs.push_back(k + "=" + v);
-    std::vector<char*> cargv, cenv;
-    for (const auto& a : argv) cargv.push_back(const_cast<char*>(a.c_str()));
-    cargv.push_back(nullptr);
-    for (const auto& s : envs) cenv.push_back(const_cast<char*>(s.c_str()));
-    cenv.push_back(nullptr);
-
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-      ::setpgid(0, 0);
-      // Dies with the test binary, even if it is killed before TearDown
-      // (kept across the exec, and across nvtaskset's exec of the command).
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      const int in = ::open("/dev/null", O_RDONLY);
-      const int out = ::open(p->out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      const int err = ::open(p->err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      if (in < 0 || out < 0 || err < 0 || ::chdir(dir_.c_str()) != 0) ::_exit(126);
-      ::dup2(in, 0);
-      ::dup2(out, 1);
-      ::dup2(err, 2);
-      ::execvpe(cargv[0], cargv.data(), cenv.data());
-      ::_exit(125);  // distinct from 127: the test harness, not nvtaskset, failed to exec
-    }
-    if (pid > 0) ::setpgid(pid, pid);
-    p->pid = pid;
-    procs_.push_back(std::move(p));
-    return *procs_.back();
-  }
+  Proc& start(const std::vector<std::string>& argv, const Env& env);
   Proc& start(const std::vector<std::string>& argv) { return start(argv, env_); }
 
   Result run(const std::vector<std::string>& argv, const Env& env, Ms timeout = kTimeout) {
@@ -360,67 +158,21 @@ class E2E : public ::testing::Test {
   }
   Result run(const std::vector<std::string>& argv) { return run(argv, env_); }
 
-  std::vector<Record> records() const {
-    std::vector<Record> out;
-    std::string text = read_file(record_);
-    // Only whole lines: a reader may catch a launch's write half-way.
-    text.erase(text.rfind('\n') == std::string::npos ? 0 : text.rfind('\n') + 1);
-    for (const auto& l : lines_of(text)) {
-      std::istringstream in(l);
-      Record r;
-      in >> r.pid >> r.layout >> r.valid >> r.mask >> r.source;
-      out.push_back(r);
-    }
-    return out;
-  }
-  std::vector<Record> records_of(long pid) const {
-    std::vector<Record> out;
-    for (const auto& r : records())
-      if (r.pid == pid) out.push_back(r);
-    return out;
-  }
+  std::vector<Record> records() const;
+  std::vector<Record> records_of(long pid) const;
 
   // Waits for a launcher's --ready-file and returns the pid it wrote.
-  long wait_ready(const std::string& ready, Proc& p) {
-    if (!wait_until([&] { return exists(ready) || !p.running(); })) return -1;
-    if (!exists(ready)) return -1;
-    return std::stol(read_file(ready));
-  }
+  long wait_ready(const std::string& ready, Proc& p);
 
   // The pid a launcher printed on its first line ("pid N").
-  static long printed_pid(const std::string& out) {
-    const auto ls = lines_of(out);
-    if (ls.empty() || !ls[0].starts_with("pid ")) return -1;
-    return std::stol(ls[0].substr(4));
-  }
+  static long printed_pid(const std::string& out);
 
   // Value printed by the launcher's --print-env NAME.
-  static std::optional<std::string> printed_env(const std::string& out, const std::string& name) {
-    for (const auto& l : lines_of(out)) {
-      if (l == "env " + name + " unset") return std::nullopt;
-      if (l.starts_with("env " + name + "=")) return l.substr(5 + name.size());
-    }
-    ADD_FAILURE() << "launcher did not print " << name << " in: " << out;
-    return std::nullopt;
-  }
+  static std::optional<std::string> printed_env(const std::string& out, const std::string& name);
 
   // Waits until `n` records of `pid` come after index `from` in the record
   // file, then returns those after `from + skip`.
-  std::vector<Record> records_after(long pid, std::size_t from, std::size_t skip, std::size_t n) {
-    std::vector<Record> mine;
-    wait_until([&] {
-      mine.clear();
-      const auto all = records();
-      for (std::size_t i = from; i < all.size(); ++i)
-        if (all[i].pid == pid) mine.push_back(all[i]);
-      return mine.size() >= skip + n;
-    });
-    if (mine.size() < skip + n) {
-      ADD_FAILURE() << "only " << mine.size() << " launches of pid " << pid << " after record " << from;
-      return {};
-    }
-    return {mine.begin() + static_cast<long>(skip), mine.end()};
-  }
+  std::vector<Record> records_after(long pid, std::size_t from, std::size_t skip, std::size_t n);
 
   std::string dir_;
   std::string record_;
@@ -429,18 +181,11 @@ class E2E : public ::testing::Test {
   std::vector<std::string> cleanup_;
 };
 
-inline std::string pid_line(long pid, const std::string& what, const std::string& value) {
-  return "pid " + std::to_string(pid) + "'s " + what + ": " + value + "\n";
-}
+std::string pid_line(long pid, const std::string& what, const std::string& value);
 
 // Every record of `pid` from a graph kernel node, from index `from` on
 // (test_graphs.cpp, test_clusters.cpp).
-inline std::vector<Record> graph_records(const std::vector<Record>& all, long pid, std::size_t from = 0) {
-  std::vector<Record> out;
-  for (std::size_t i = from; i < all.size(); ++i)
-    if (all[i].pid == pid && all[i].source.starts_with("graph")) out.push_back(all[i]);
-  return out;
-}
+std::vector<Record> graph_records(const std::vector<Record>& all, long pid, std::size_t from = 0);
 
 // The stand-in's device 0 (its UUID is fixed, fakecuda.cpp) as a Hopper part
 // with 8 TPCs whose mask bits are scattered, not monotone, some above 63,
@@ -449,95 +194,37 @@ inline std::vector<Record> graph_records(const std::vector<Record>& all, long pi
 constexpr std::array<unsigned, 8> kBits = {9, 3, 70, 12, 100, 5, 64, 1};
 const std::string kStandInUuid = "GPU-fa4ecda0-0000-4000-8000-000000000000";
 
-inline std::string hopper_topology_json(const std::string& uuid = kStandInUuid, const std::array<unsigned, 8>& bits = kBits) {
-  std::string tpcs;
-  const char* gpc[8] = {"0", "1", "0", "1", "0", "1", "0", "null"};
-  for (unsigned k = 0; k < 8; ++k)
-    tpcs += std::string(k ? "," : "") + "{\"tpc\": " + std::to_string(k) + ", \"bit\": " + std::to_string(bits[k]) +
-            ", \"gpc\": " + gpc[k] + ", \"cluster_capable\": " + (k == 7 ? "false" : "true") + "}";
-  return "{\"schema\": \"nvtaskset-topology/1\", \"device\": {\"name\": \"Stand-in GPU\", \"uuid\": \"" + uuid +
-         "\", \"pci_bus_id\": \"0000:01:00.0\", \"compute_capability\": \"9.0\", \"sm_count\": 16, "
-         "\"driver_version\": 13000, \"driver_release\": \"\"}, \"source\": \"file\", \"calibrated_at\": null, "
-         "\"calibration_ms\": null, \"tpcs\": [" + tpcs + "], \"gpcs\": ["
-         "{\"gpc\": 0, \"tpcs\": [0, 2, 4, 6], \"max_cluster\": 8}, {\"gpc\": 1, \"tpcs\": [1, 3, 5], \"max_cluster\": 4}]}";
-}
+std::string hopper_topology_json(const std::string& uuid = kStandInUuid, const std::array<unsigned, 8>& bits = kBits);
 
 // The 128-bit disable mask the TMD must get when `tpcs` are enabled.
-inline std::string hopper_disable(const std::vector<unsigned>& tpcs) {
-  std::uint64_t lo = 0, hi = 0;
-  for (unsigned k : tpcs) (kBits[k] < 64 ? lo : hi) |= std::uint64_t{1} << (kBits[k] % 64);
-  return disable128(hi, lo);
-}
+std::string hopper_disable(const std::vector<unsigned>& tpcs);
 
 class TopologyFile : public E2E {
  protected:
-  void SetUp() override {
-    E2E::SetUp();
-    env_["FAKECUDA_CC"] = "9.0";
-    file_ = path("topology.json");
-    std::ofstream(file_) << hopper_topology_json();
-  }
+  void SetUp() override;
   std::string file_;
 };
 
 // A second Unix user, for the tests of what another user can do. CI runs as
 // root and can create one; elsewhere these tests say why they cannot run.
-inline std::optional<std::pair<uid_t, gid_t>> second_user() {
-  if (::getuid() != 0) return std::nullopt;
-  const char* name = "nvtaskset-e2e";
-  if (::getpwnam(name) == nullptr) {
-    const std::string cmd = std::string("useradd --system --no-create-home --shell /usr/sbin/nologin ") + name +
-                            " >/dev/null 2>&1";
-    if (std::system(cmd.c_str()) != 0 && ::getpwnam(name) == nullptr) return std::nullopt;
-  }
-  const passwd* pw = ::getpwnam(name);
-  if (pw == nullptr) return std::nullopt;
-  return std::make_pair(pw->pw_uid, pw->pw_gid);
-}
+std::optional<std::pair<uid_t, gid_t>> second_user();
 
 // argv run as `user` (setpriv from util-linux).
-inline std::vector<std::string> as_user(std::pair<uid_t, gid_t> user, std::vector<std::string> argv) {
-  std::vector<std::string> out{"setpriv", "--reuid=" + std::to_string(user.first),
-                               "--regid=" + std::to_string(user.second), "--clear-groups", "--"};
-  out.insert(out.end(), argv.begin(), argv.end());
-  return out;
-}
+std::vector<std::string> as_user(std::pair<uid_t, gid_t> user, std::vector<std::string> argv);
 
-// --- 19: sharing a GPU: -n, --exclusive, --status, -a ------------------------------------------
+// --- sharing a GPU: -n, --exclusive, --status, -a (test_sharing.cpp, test_fail_closed.cpp) ------
 // On the Hopper-like layout of TopologyFile: GPC 0 = TPCs 0,2,4,6; GPC 1 =
 // 1,3,5; TPC 7 of unknown GPC.
 
 class Sharing : public TopologyFile {
  protected:
-  void SetUp() override {
-    TopologyFile::SetUp();
-    env_["NVTASKSET_TOPOLOGY"] = file_;
-    // Another user must reach the status directory, as it reaches /dev/shm.
-    ::chmod(dir_.c_str(), 0711);
-  }
+  void SetUp() override;
   // A task that launches a kernel every 5 ms until told to stop.
   long start_task(const std::vector<std::string>& options, const std::string& tag, Proc** out = nullptr,
-                  const std::vector<std::string>& launcher_args = {}, const std::string& launcher = kLauncher) {
-    std::vector<std::string> argv{kCli, "--no-mps"};
-    argv.insert(argv.end(), options.begin(), options.end());
-    argv.insert(argv.end(), {launcher, "--until-file", path("until"), "--interval-ms", "5", "--ready-file",
-                             path("ready." + tag)});
-    argv.insert(argv.end(), launcher_args.begin(), launcher_args.end());
-    Proc& p = start(argv, env_);
-    tasks_.push_back(&p);
-    if (out) *out = &p;
-    return wait_ready(path("ready." + tag), p);
-  }
-  void stop_all() {
-    touch(path("until"));
-    for (Proc* p : tasks_) EXPECT_TRUE(ExitedWith(p->wait(), 0)) << p->command;
-  }
+                  const std::vector<std::string>& launcher_args = {}, const std::string& launcher = kLauncher);
+  void stop_all();
   std::vector<Proc*> tasks_;
-  std::string mask_of(long pid) {
-    const std::size_t before = records().size();
-    const auto recs = records_after(pid, before, 1, 2);
-    return recs.empty() ? std::string("none") : recs.back().mask;
-  }
+  std::string mask_of(long pid);
 };
 
 }  // namespace e2e
