@@ -26,13 +26,14 @@ _nvtaskset() {
     cur=${COMP_WORDS[COMP_CWORD]}
     prev=${COMP_WORDS[COMP_CWORD-1]}
     local opts="-t --tpc-list -g --gpc-list -n --count --spread --exclusive --latency-critical --best-effort --partition-sm-count --hide-unallocated -p --pid -a --all-tasks -d --device
-                --physical --no-mps --topology --json --calibrate --topology-file --system-wide --status --verify
+                --physical --no-mps --env-for --topology --json --calibrate --topology-file --system-wide --status --verify
                 --seed --show -v --verbose -h --help -V --version"
     case $prev in
         -d|--device) COMPREPLY=($(compgen -W "$(_nvtaskset_devices)" -- "$cur")); return ;;
         --topology-file) COMPREPLY=($(compgen -f -- "$cur")); return ;;
         --system-wide) COMPREPLY=($(compgen -W "enable disable status" -- "$cur")); return ;;
         --show) COMPREPLY=($(compgen -W "list mask gpcs physical" -- "$cur")); return ;;
+        --env-for) COMPREPLY=($(compgen -W "$(ps -eo pid= 2>/dev/null)" -- "$cur")); return ;;
         -t|--tpc-list|-g|--gpc-list|-n|--count|--physical|--seed) return ;;
     esac
     local w pid_mode=0 i

@@ -268,6 +268,12 @@ int run(int argc, char** argv) {
                     ->type_name("DEV");
   app.add_flag("-p,--pid", o.pid_mode, "query or change the TPCs of the running process PID");
   app.add_flag("--no-mps", o.no_mps, "do not start or require the MPS control daemon");
+  std::optional<pid_t> env_for;
+  app.add_option("--env-for", env_for,
+                 "instead of running a command: plan and claim the TPCs for the running process PID, whose children "
+                 "are the tasks (a launcher's, such as the Slurm plugin's), and print the environment those tasks need, "
+                 "NAME=VALUE a line")
+      ->type_name("PID");
   app.add_flag("--topology", o.show_topology, "print each GPU's GPCs, TPCs, SMs and mask bits");
   app.add_flag("--json", o.json, "with --topology, --calibrate, --status or a -p query: print JSON");
   app.add_flag("--calibrate", o.calibrate, "(re)discover the layout of every visible GPU");
@@ -352,6 +358,9 @@ int run(int argc, char** argv) {
     if (o.seed && !o.verify) throw Failure("--seed goes with --verify");
     if (o.all_tasks && !o.pid_mode) throw Failure("-a goes with -p");
     if (o.spread && counts.empty()) throw Failure("--spread goes with -n");
+    o.env_for = env_for;
+    if (o.env_for && (o.pid_mode || o.status || o.verify || o.show_topology || o.calibrate || !o.system_wide.empty()))
+      throw Failure("--env-for goes with a launch's list, in place of its command");
     if (o.partition_sm_count && (o.pid_mode || o.status || o.verify || o.show_topology || o.calibrate ||
                                  !o.system_wide.empty()))
       throw Failure("--partition-sm-count goes with a launch: a running task has already read its SM count");
@@ -371,7 +380,7 @@ int run(int argc, char** argv) {
     const Requests requests = parse_requests(o);
     if (o.pid_mode) return live(o, requests);
     if (o.json) throw Failure("--json goes with --topology, --calibrate, --status or -p");
-    launch(o, requests, env);
+    return launch(o, requests, env);
   } catch (const std::exception& e) {
     // The last guard of the one-line contract: a message that quotes user
     // text (a device selector as topology/ echoes it, a path) never spans

@@ -53,6 +53,10 @@ struct Options {
   bool latency_critical = false;
   bool best_effort = false;
   roles::Role role = roles::Role::kNone;
+  // --env-for PID: plan and claim for the running process PID (whose
+  // children are the tasks: a Slurm job step's slurmstepd) and print the
+  // environment its tasks need, instead of running a command.
+  std::optional<pid_t> env_for;
 };
 
 // The requests of a launch or -p, parsed once (cli.cpp, parse_requests):
@@ -65,8 +69,9 @@ struct Requests {
 };
 
 // launch.cpp: plans, claims and execs the command; returns only on failure
-// (by throwing).
-[[noreturn]] void launch(const Options& o, const Requests& rq, const std::vector<std::string>& env);
+// (by throwing). With --env-for, prints the environment instead of
+// exec'ing anything, and returns 0.
+int launch(const Options& o, const Requests& rq, const std::vector<std::string>& env);
 
 // live.cpp: -p, a query or a change of a running task (and with -a its
 // family); returns the exit status.

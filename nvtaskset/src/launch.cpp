@@ -28,6 +28,7 @@
 #include "nvtaskset/idlist.hpp"
 #include "nvtaskset/mps.hpp"
 #include "nvtaskset/planner.hpp"
+#include "nvtaskset/proc.hpp"
 #include "nvtaskset/sharing.hpp"
 #include "nvtaskset/spawn.hpp"
 #include "nvtaskset/status.hpp"
@@ -123,9 +124,35 @@ void check_mps_user(mps::OtherUsersCheck& check) {
   std::exit(err == ENOENT ? 127 : 126);
 }
 
+// --env-for: the process the claim is for. It must be alive, and ours
+// unless we are root (a claim for another user's process would let one user
+// take TPCs in another's name).
+pid_t env_holder(pid_t pid) {
+  const std::optional<uid_t> uid = ctl::process_uid(pid);
+  if (pid <= 0 || !uid || ctl::process_is_zombie_or_dead(pid))
+    throw Failure("--env-for " + std::to_string(pid) + ": no such process");
+  if (::geteuid() != 0 && *uid != ::geteuid())
+    throw Failure("--env-for " + std::to_string(pid) + ": the process belongs to another user; only its owner and root "
+                  "can claim TPCs for it");
+  return pid;
+}
+
+// --env-for's output: each variable the task environment adds or changes,
+// as NAME=VALUE, one a line (a value with a newline cannot be printed so).
+void print_environment(const std::vector<std::string>& before, const std::vector<std::string>& after) {
+  for (const std::string& e : after) {
+    if (std::find(before.begin(), before.end(), e) != before.end()) continue;
+    if (e.find('\n') != std::string::npos) throw Failure("a variable of the task environment spans lines");
+    std::printf("%s\n", e.c_str());
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
-void launch(const Options& o, const Requests& rq, const std::vector<std::string>& env) {
+int launch(const Options& o, const Requests& rq, const std::vector<std::string>& env) {
+  const bool env_mode = o.env_for.has_value();
+  const pid_t holder = env_mode ? env_holder(*o.env_for) : ::getpid();
   // 1. Parse: which positional is the mask. (--best-effort and
   // --latency-critical take one only when it starts with 0x.)
   std::vector<Request> requests = rq.lists;
@@ -154,12 +181,14 @@ void launch(const Options& o, const Requests& rq, const std::vector<std::string>
     first_cmd = 1;
   }
   std::vector<std::string> cmd(o.positionals.begin() + static_cast<long>(first_cmd), o.positionals.end());
-  if (cmd.empty()) throw Failure("no command given (see --help)");
+  if (cmd.empty() && !env_mode) throw Failure("no command given (see --help)");
+  if (!cmd.empty() && env_mode) throw Failure("--env-for runs no command: it prints the environment of PID's tasks");
   // Up front, before anything is planned or published: a program the shim
   // cannot be loaded into (exec_check.hpp). One that cannot be found is
   // left to exec, whose error (and 127) is the user's.
-  if (const std::string prog = resolve_command(cmd[0], env); !prog.empty())
-    if (const std::string why = secure_execution_reason(prog); !why.empty()) throw Failure(why);
+  if (!cmd.empty())
+    if (const std::string prog = resolve_command(cmd[0], env); !prog.empty())
+      if (const std::string why = secure_execution_reason(prog); !why.empty()) throw Failure(why);
 
   const std::string& shim_dir = o.shim_dir;
   if (shim_dir.empty())
@@ -181,7 +210,7 @@ void launch(const Options& o, const Requests& rq, const std::vector<std::string>
     throw Failure("at most " + std::to_string(ctl::kMaxDevices) + " GPUs can be partitioned per task");
 
   // 2. Plan, against the public status of every other task.
-  planner::Sharing sh = planner::read_sharing({o.spread, o.exclusive, o.role}, {::getpid()});
+  planner::Sharing sh = planner::read_sharing({o.spread, o.exclusive, o.role}, {holder});
   planner::Notes notes;  // warnings printed once every check passed
   auto plan = [&] {
     std::vector<Choice> chosen;
@@ -218,7 +247,7 @@ void launch(const Options& o, const Requests& rq, const std::vector<std::string>
   std::string unlisted;
   const planner::Claim claim{plan,
                              [&](const std::vector<Choice>& c) {
-                               const std::string why = ctl::publish_status(::getpid(), entry(c), o.role);
+                               const std::string why = ctl::publish_status(holder, entry(c), o.role);
                                if (why.empty()) {
                                  unlisted.clear();
                                  return;
@@ -228,7 +257,7 @@ void launch(const Options& o, const Requests& rq, const std::vector<std::string>
                                                printable(why, 160) + "); --exclusive starts no task they cannot see");
                                unlisted = why;
                              },
-                             [] { ctl::withdraw_status(::getpid()); }};
+                             [&] { ctl::withdraw_status(holder); }};
   chosen = planner::settle(sh, devices, claim, std::move(chosen), &notes.warnings);
   // Warnings only once nothing can refuse the launch any more: a refusal
   // stays one line.
@@ -249,8 +278,13 @@ void launch(const Options& o, const Requests& rq, const std::vector<std::string>
       pool.push_back({c.dev->uuid, planner::whole_gpu(devices.topology(*c.dev)), planner::describe_device(*c.dev)});
     tr.burst_pool = encode_partitions(pool);
   }
-  exec_task(cmd, task_environment(env, shim_dir, encode_partitions(entry(chosen)), devices.driver_path(),
-                                  o.partition_sm_count, !o.no_mps, tr));
+  const std::vector<std::string> task_env = task_environment(
+      env, shim_dir, encode_partitions(entry(chosen)), devices.driver_path(), o.partition_sm_count, !o.no_mps, tr, holder);
+  if (env_mode) {
+    print_environment(env, task_env);
+    return 0;
+  }
+  exec_task(cmd, task_env);
 }
 
 Partition plan_partition(const Options& o, const planner::Request& r, const topo::DeviceInfo& dev,
@@ -277,7 +311,8 @@ constexpr const char* kCopyConnectionsEnv = "CUDA_DEVICE_MAX_COPY_CONNECTIONS";
 
 std::vector<std::string> task_environment(std::vector<std::string> env, const std::string& shim_dir,
                                           const std::string& partitions, const std::string& real_driver,
-                                          bool partition_sm_count, bool mps_client, const TaskRole& role) {
+                                          bool partition_sm_count, bool mps_client, const TaskRole& role,
+                                          pid_t partition_pid) {
   auto find = [&](const std::string& name) -> std::string* {
     for (auto& e : env)
       if (e.size() > name.size() && e.compare(0, name.size(), name) == 0 && e[name.size()] == '=') return &e;
@@ -288,7 +323,7 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
     else env.push_back(name + "=" + value);
   };
   set(kPartitionEnv, partitions);
-  set(kPartitionPidEnv, std::to_string(::getpid()));  // exec keeps our PID
+  set(kPartitionPidEnv, std::to_string(partition_pid != 0 ? partition_pid : ::getpid()));  // exec keeps our PID
   std::erase_if(env, [](const std::string& e) {
     for (const Option o : {Option::kRole, Option::kBurstPool}) {
       const std::string name = std::string(option(o).name) + "=";

@@ -32,9 +32,11 @@ struct TaskRole {
   roles::Role role = roles::Role::kNone;
   std::string burst_pool;  // encode_partitions() of every working TPC per GPU
 };
+// NVTASKSET_PARTITION_PID is `partition_pid` (0: this process, which execs
+// the task and so keeps its PID).
 std::vector<std::string> task_environment(std::vector<std::string> env, const std::string& shim_dir,
                                           const std::string& partitions, const std::string& real_driver,
                                           bool partition_sm_count = false, bool mps_client = true,
-                                          const TaskRole& role = {});
+                                          const TaskRole& role = {}, pid_t partition_pid = 0);
 
 }  // namespace nvtaskset::cli
