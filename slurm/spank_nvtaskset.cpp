@@ -1,0 +1,401 @@
+// SPDX-License-Identifier: Apache-2.0
+// spank_nvtaskset: Slurm job steps on hardware TPC partitions (docs/slurm.md).
+//
+//   srun --gres=shard:2 ./infer        # 2 of the GPU's shards: that fraction of its TPCs
+//   srun --gpu-tpcs=16 ./detector      # 16 TPCs, as nvtaskset -n 16 --exclusive
+//
+// plugstack.conf:  required /usr/lib/slurm/spank_nvtaskset.so [no-mps] [nvtaskset=PATH] [shards=N]
+//
+// How (docs/slurm.md, "How the plugin works"):
+//  - srun's option callbacks check the values, so a bad one fails srun at
+//    once, before anything is allocated, with one line naming it.
+//  - In slurmstepd, once per step on the node (init_post_opt, as root), the
+//    plugin runs `nvtaskset --env-for <slurmstepd's PID> -d I -n N
+//    --exclusive` for each GPU the step sees, with the job's environment:
+//    the same parse -> plan -> claim as a launch, with its status entry on
+//    slurmstepd, which lives exactly as long as the step (however it ends:
+//    its entry names a dead process afterwards, which every reader ignores
+//    and removes), and owned by root, which every reader trusts. The CLI
+//    prints the environment a task needs.
+//  - In each task (task_init, as the user, before exec), the plugin puts that
+//    environment into the task's: the shim reaches the task as with
+//    `nvtaskset CMD`. A failure found earlier is reported here, one line, and
+//    fails the task, so srun exits non-zero: Slurm 22.05 ignores a failing
+//    init_post_opt or user_init in srun's exit status.
+// A step with no --gpu-tpcs and no shard is left untouched: no variable set.
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+extern "C" {
+#include <slurm/spank.h>
+}
+
+// The plugin is built with hidden visibility; what Slurm looks up is not.
+#pragma GCC visibility push(default)
+// SPANK_PLUGIN(nvtaskset, 1), spelt out: in C++ a const at namespace scope
+// has internal linkage unless declared extern, and Slurm looks these up.
+extern "C" const char plugin_name[] = "nvtaskset";
+extern "C" const char plugin_type[] = "spank";
+extern "C" const unsigned int plugin_version = SLURM_VERSION_NUMBER;
+extern "C" const unsigned int spank_plugin_version = 1;
+#pragma GCC visibility pop
+
+namespace {
+
+#ifndef NVTASKSET_SLURM_CLI
+#define NVTASKSET_SLURM_CLI "nvtaskset"
+#endif
+
+// plugstack.conf arguments, the options' values, and what the step decided.
+struct State {
+  std::string cli = NVTASKSET_SLURM_CLI;  // nvtaskset=PATH
+  bool no_mps = false;                    // no-mps: as nvtaskset --no-mps
+  unsigned shards_total = 0;              // shards=N; else gres.conf's
+  unsigned tpcs = 0;                      // --gpu-tpcs
+  bool spread = false;                    // --gpu-tpcs-mode=spread
+  bool active = false;                    // the step asked for a partition
+  std::string error;                      // why it cannot have one: each task fails with it
+  std::vector<std::pair<std::string, std::string>> env;  // what each task gets
+} g;
+
+constexpr unsigned kMaxTpcs = 4096;
+constexpr int kCliTimeoutS = 120;  // calibration of a new GPU takes about a second; a hung driver must not hang the step
+
+// A count as the options take it: digits only, 1..kMaxTpcs.
+std::optional<unsigned> parse_count(const char* s) {
+  if (s == nullptr || *s == '\0' || std::strlen(s) > 6) return std::nullopt;
+  unsigned v = 0;
+  for (const char* p = s; *p; ++p) {
+    if (*p < '0' || *p > '9') return std::nullopt;
+    v = v * 10 + static_cast<unsigned>(*p - '0');
+  }
+  if (v == 0 || v > kMaxTpcs) return std::nullopt;
+  return v;
+}
+
+std::string printable(std::string_view s) {
+  std::string out;
+  for (char c : s.substr(0, 80)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return out;
+}
+
+int opt_tpcs(int, const char* optarg, int) {
+  const auto v = parse_count(optarg);
+  if (!v) {
+    slurm_error("nvtaskset: --gpu-tpcs=%s: not a count of TPCs (1 to %u)", printable(optarg ? optarg : "").c_str(),
+                kMaxTpcs);
+    return -1;
+  }
+  g.tpcs = *v;
+  return 0;
+}
+
+int opt_mode(int, const char* optarg, int) {
+  const std::string_view m = optarg ? optarg : "";
+  if (m != "packed" && m != "spread") {
+    slurm_error("nvtaskset: --gpu-tpcs-mode=%s: packed or spread", printable(m).c_str());
+    return -1;
+  }
+  g.spread = m == "spread";
+  return 0;
+}
+
+struct spank_option g_options[] = {
+    {const_cast<char*>("gpu-tpcs"), const_cast<char*>("N"),
+     const_cast<char*>("run the step's tasks on N TPCs of each GPU they use, no other step's (nvtaskset -n N "
+                       "--exclusive); without it a shard allocation sets the share"),
+     1, 0, opt_tpcs},
+    {const_cast<char*>("gpu-tpcs-mode"), const_cast<char*>("packed|spread"),
+     const_cast<char*>("with --gpu-tpcs or shards: whole GPCs first (packed, the default) or spread over the GPCs"),
+     1, 0, opt_mode},
+    SPANK_OPTIONS_TABLE_END};
+
+// ---- the job's environment -------------------------------------------------------------
+
+std::optional<std::string> job_getenv(spank_t sp, const char* name) {
+  char buf[4096];
+  if (spank_getenv(sp, name, buf, sizeof buf) != ESPANK_SUCCESS) return std::nullopt;
+  return std::string(buf);
+}
+
+std::vector<std::string> job_environment(spank_t sp) {
+  std::vector<std::string> out;
+  char** env = nullptr;
+  if (spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS || env == nullptr) return out;
+  for (char** e = env; *e; ++e) {
+    const std::string_view kv(*e);
+    // nvtaskset runs as root here: it must not read or write the user's
+    // caches and configuration in the user's name (its own defaults, root's).
+    if (kv.starts_with("HOME=") || kv.starts_with("XDG_")) continue;
+    out.emplace_back(kv);
+  }
+  return out;
+}
+
+// The shard count of the node's GPU: plugstack.conf's shards=N, else the
+// "Name=shard ... Count=N" line of gres.conf next to slurm.conf.
+unsigned shards_total() {
+  if (g.shards_total != 0) return g.shards_total;
+  const char* conf = std::getenv("SLURM_CONF");
+  std::string dir = conf && *conf ? std::string(conf) : std::string("/etc/slurm/slurm.conf");
+  dir = dir.substr(0, dir.rfind('/') == std::string::npos ? 0 : dir.rfind('/'));
+  std::ifstream f((dir.empty() ? std::string(".") : dir) + "/gres.conf");
+  std::string line;
+  unsigned total = 0;
+  while (std::getline(f, line)) {
+    if (const auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
+    std::istringstream words(line);
+    std::string w;
+    bool shard = false;
+    unsigned count = 0;
+    while (words >> w) {
+      if (w == "Name=shard") shard = true;
+      if (w.starts_with("Count=")) count = parse_count(w.c_str() + 6).value_or(0);
+    }
+    if (shard) total += count;
+  }
+  return total;
+}
+
+// ---- running nvtaskset -------------------------------------------------------------------
+
+struct Run {
+  int status = -1;
+  std::string out, err;
+};
+
+// argv with env, stdout and stderr captured, at most kCliTimeoutS.
+Run run_cli(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
+  Run r;
+  int out[2], err[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) return r;
+  if (::pipe2(err, O_CLOEXEC) != 0) {
+    ::close(out[0]);
+    ::close(out[1]);
+    return r;
+  }
+  std::vector<char*> a, e;
+  for (const std::string& s : argv) a.push_back(const_cast<char*>(s.c_str()));
+  a.push_back(nullptr);
+  for (const std::string& s : env) e.push_back(const_cast<char*>(s.c_str()));
+  e.push_back(nullptr);
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    const int nul = ::open("/dev/null", O_RDONLY);
+    if (nul >= 0) ::dup2(nul, 0);
+    ::execve(a[0], a.data(), e.data());
+    const char msg[] = "nvtaskset: the Slurm plugin cannot run nvtaskset\n";
+    (void)!::write(2, msg, sizeof msg - 1);
+    ::_exit(127);
+  }
+  ::close(out[1]);
+  ::close(err[1]);
+  if (pid < 0) {
+    ::close(out[0]);
+    ::close(err[0]);
+    return r;
+  }
+  timespec start{};
+  ::clock_gettime(CLOCK_MONOTONIC, &start);
+  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  int open_fds = 2;
+  char buf[4096];
+  while (open_fds > 0) {
+    timespec now{};
+    ::clock_gettime(CLOCK_MONOTONIC, &now);
+    const long left_ms = (start.tv_sec + kCliTimeoutS - now.tv_sec) * 1000;
+    if (left_ms <= 0) {
+      ::kill(pid, SIGKILL);
+      r.err += "nvtaskset: did not answer within " + std::to_string(kCliTimeoutS) + " s\n";
+      break;
+    }
+    if (::poll(fds, 2, static_cast<int>(left_ms)) < 0 && errno != EINTR) break;
+    for (pollfd& p : fds) {
+      if (p.fd < 0 || !(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      const ssize_t n = ::read(p.fd, buf, sizeof buf);
+      if (n > 0) {
+        (p.fd == out[0] ? r.out : r.err).append(buf, static_cast<std::size_t>(n));
+      } else if (n == 0 || errno != EINTR) {
+        ::close(p.fd);
+        p.fd = -1;
+        --open_fds;
+      }
+    }
+  }
+  for (pollfd& p : fds)
+    if (p.fd >= 0) ::close(p.fd);
+  int st = 0;
+  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
+  }
+  r.status = st;
+  return r;
+}
+
+// The last line nvtaskset wrote to stderr (its one-line error).
+std::string last_line(const std::string& text) {
+  std::string s = text;
+  while (!s.empty() && s.back() == '\n') s.pop_back();
+  const auto nl = s.rfind('\n');
+  s = nl == std::string::npos ? s : s.substr(nl + 1);
+  return s.empty() ? "nvtaskset failed without a message" : s;
+}
+
+// How many TPCs each visible GPU has (nvtaskset --topology --json).
+std::optional<std::vector<unsigned>> tpc_counts(const std::vector<std::string>& env, std::string* why) {
+  const Run r = run_cli({g.cli, "--topology", "--json"}, env);
+  if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0) {
+    *why = last_line(r.err);
+    return std::nullopt;
+  }
+  try {
+    std::vector<unsigned> out;
+    const nlohmann::json topology = nlohmann::json::parse(r.out);  // kept: the loop walks into it
+    for (const auto& d : topology.at("devices")) out.push_back(static_cast<unsigned>(d.at("tpcs").size()));
+    return out;
+  } catch (const std::exception& e) {
+    *why = std::string("nvtaskset: cannot read nvtaskset --topology --json: ") + e.what();
+    return std::nullopt;
+  }
+}
+
+// What the step asks for on this node, and the environment its tasks get.
+void plan_step(spank_t sp) {
+  const std::optional<std::string> shards_s = job_getenv(sp, "SLURM_SHARDS_ON_NODE");
+  const unsigned shards = shards_s ? parse_count(shards_s->c_str()).value_or(0) : 0;
+  if (g.tpcs == 0 && shards == 0) return;  // untouched
+  g.active = true;
+  // Slurm's own MPS gres sets a thread percentage for an MPS server it runs;
+  // nvtaskset partitions by TPC: one or the other, never both silently.
+  if (job_getenv(sp, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")) {
+    g.error = "nvtaskset: this step has Slurm's gres/mps (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) and a TPC partition: "
+              "use --gpu-tpcs or shards without gres/mps";
+    return;
+  }
+  const std::vector<std::string> env = job_environment(sp);
+  std::string why;
+  const auto counts = tpc_counts(env, &why);
+  if (!counts || counts->empty()) {
+    g.error = counts ? "nvtaskset: the step sees no GPU" : why;
+    return;
+  }
+  const unsigned total = g.tpcs == 0 ? shards_total() : 0;
+  if (g.tpcs == 0 && total == 0) {
+    g.error = "nvtaskset: the node's shard count is unknown (no Name=shard Count= in gres.conf; set shards=N in "
+              "plugstack.conf)";
+    return;
+  }
+  if (g.tpcs == 0 && shards > total) {
+    g.error = "nvtaskset: " + std::to_string(shards) + " shards on a GPU of " + std::to_string(total);
+    return;
+  }
+  uint32_t job = 0, step = 0;
+  spank_get_item(sp, S_JOB_ID, &job);
+  spank_get_item(sp, S_JOB_STEPID, &step);
+  std::vector<std::string> argv = {g.cli, "--env-for", std::to_string(::getpid()), "--exclusive"};
+  if (g.no_mps) argv.push_back("--no-mps");
+  // The step's GPUs are what CUDA_VISIBLE_DEVICES lets it see: devices 0..k-1
+  // to nvtaskset, which runs with the job's environment.
+  for (unsigned d = 0; d < counts->size(); ++d) {
+    // A shard's share of the TPCs, rounded down, never none.
+    const unsigned n = g.tpcs != 0 ? g.tpcs : std::max(1u, (*counts)[d] * shards / total);
+    argv.insert(argv.end(), {"-d", std::to_string(d), "-n", std::to_string(n)});
+  }
+  if (g.spread) argv.push_back("--spread");
+  const Run r = run_cli(argv, env);
+  if (!WIFEXITED(r.status) || WEXITSTATUS(r.status) != 0) {
+    g.error = last_line(r.err) + " (Slurm step " + std::to_string(job) + "." + std::to_string(step) + ")";
+    return;
+  }
+  std::istringstream lines(r.out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    const auto eq = line.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      g.error = "nvtaskset: --env-for printed '" + printable(line) + "'";
+      return;
+    }
+    g.env.emplace_back(line.substr(0, eq), line.substr(eq + 1));
+  }
+  bool partition = false;
+  for (const auto& [k, v] : g.env) partition = partition || k == "NVTASKSET_PARTITION";
+  if (!partition) g.error = "nvtaskset: --env-for gave no NVTASKSET_PARTITION";
+}
+
+}  // namespace
+
+#pragma GCC visibility push(default)
+extern "C" {
+
+int slurm_spank_init(spank_t sp, int ac, char** av) {
+  for (int i = 0; i < ac; ++i) {
+    const std::string_view a = av[i];
+    if (a == "no-mps") {
+      g.no_mps = true;
+    } else if (a.starts_with("nvtaskset=") && a.size() > 10 && a[10] == '/') {
+      g.cli = std::string(a.substr(10));
+    } else if (a.starts_with("shards=") && parse_count(av[i] + 7)) {
+      g.shards_total = *parse_count(av[i] + 7);
+    } else {
+      slurm_error("nvtaskset: plugstack.conf: unknown argument '%s' (no-mps, nvtaskset=/ABSOLUTE/PATH, shards=N)",
+                  printable(a).c_str());
+      return -1;
+    }
+  }
+  if (spank_context() == S_CTX_ALLOCATOR || spank_context() == S_CTX_LOCAL || spank_context() == S_CTX_REMOTE)
+    for (struct spank_option* o = g_options; o->name != nullptr; ++o)
+      if (spank_option_register(sp, o) != ESPANK_SUCCESS) return -1;
+  return 0;
+}
+
+// In slurmstepd, as root, once per step on the node.
+int slurm_spank_init_post_opt(spank_t sp, int, char**) {
+  if (!spank_remote(sp)) return 0;
+  try {
+    plan_step(sp);
+  } catch (const std::exception& e) {
+    g.active = true;
+    g.error = std::string("nvtaskset: ") + e.what();
+  }
+  return 0;  // a failure is reported by each task (task_init), which fails srun
+}
+
+// In each task, as the user, just before exec.
+int slurm_spank_task_init(spank_t sp, int, char**) {
+  if (!g.active) return 0;
+  if (!g.error.empty()) {
+    slurm_error("%s", g.error.c_str());
+    return -1;
+  }
+  for (const auto& [k, v] : g.env) {
+    // The task's own PID: the shim in it is the one nvtaskset delivered to.
+    const std::string value = k == "NVTASKSET_PARTITION_PID" ? std::to_string(::getpid()) : v;
+    if (spank_setenv(sp, k.c_str(), value.c_str(), 1) != ESPANK_SUCCESS) {
+      slurm_error("nvtaskset: cannot set %s in the task's environment", k.c_str());
+      return -1;
+    }
+  }
+  return 0;
+}
+
+}  // extern "C"
+#pragma GCC visibility pop

@@ -1,0 +1,193 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+#
+# The Slurm plugin end to end (issue 24): a private one-node cluster
+# (cluster.sh: munged, slurmctld, slurmd, started here and stopped by PID),
+# spank_nvtaskset.so in its plugstack.conf, and srun steps that run the e2e
+# launcher on the stand-in driver posing as a 64-TPC GPU. It checks the masks
+# each step's kernels ran with (the stand-in's record), that concurrent
+# steps (also of another Unix user) are disjoint, that TPCs are free again
+# after a step exits and after scancel, the bad inputs, and that a step that
+# asks for nothing is left untouched. Needs root (slurmd) and Debian 12's
+# slurmctld slurmd slurm-client munge.
+#
+#   test_spank.sh NVTASKSET PLUGIN STAND_IN_DRIVER LAUNCHER
+set -uo pipefail
+
+[[ $(id -u) == 0 ]] || { echo "FAIL test_spank.sh needs root (slurmd runs the steps)"; exit 1; }
+NV=$1 PLUGIN=$2 FAKE=$3 LAUNCHER=$4
+HERE=$(dirname "$(readlink -f "$0")")
+CLUSTER=$HERE/cluster.sh
+DIR=$(mktemp -d /tmp/nvts-spank.XXXXXX) # short: socket paths live under it
+FAILS=0
+STOPPED=0
+TPCS=64 # the stand-in without a topology maps TPC k to mask bit k, up to 64 (identity)
+
+pass() { echo "PASS $*"; }
+fail() { echo "FAIL $*"; FAILS=$((FAILS + 1)); }
+now_ms() { local t; t=$(date +%s%N); echo $((t / 1000000)); }
+# wait_for SECONDS COMMAND...: poll every 50 ms until COMMAND succeeds.
+wait_for() {
+  local end=$(($(now_ms) + $1 * 1000)); shift
+  until "$@"; do (($(now_ms) > end)) && return 1; sleep 0.05; done
+}
+
+cleanup() {
+  local rc=$?
+  for p in $(jobs -p); do kill "$p" 2>/dev/null; done
+  ((STOPPED)) || "$CLUSTER" stop "$DIR" >/dev/null 2>&1
+  if ((FAILS)) || ((rc)); then
+    echo "--- slurmd log (tail)"; tail -n 30 "$DIR"/log/slurmd.log 2>/dev/null
+    echo "cluster directory kept: $DIR"
+  else
+    rm -rf "$DIR"
+  fi
+}
+trap cleanup EXIT
+
+if ! "$CLUSTER" start "$DIR" --shards 8 --owner $$ --max-seconds 300; then
+  echo "FAIL the cluster did not start"
+  exit 1
+fi
+eval "$("$CLUSTER" env "$DIR")"
+
+# What every step and every nvtaskset here shares: the stand-in as the real
+# driver, its record, the status directory, a private cache. Copies that
+# another user can run (DIR is 0755).
+T=$DIR/t
+mkdir -p "$T/bin" "$T/status" "$T/cache"
+cp "$LAUNCHER" "$T/bin/launcher"
+cp "$FAKE" "$T/bin/libcuda.so.1"
+chmod 755 "$T" "$T/bin" "$T/bin/launcher" "$T/bin/libcuda.so.1"
+: >"$T/record"
+chmod 666 "$T/record"
+export NVTASKSET_REAL_LIBCUDA=$T/bin/libcuda.so.1 FAKECUDA_SM_COUNT=$((2 * TPCS)) FAKECUDA_RECORD=$T/record
+export NVTASKSET_STATUS_DIR=$T/status XDG_CACHE_HOME=$T/cache
+unset LD_PRELOAD CUDA_VISIBLE_DEVICES
+L=$T/bin/launcher
+echo "required $PLUGIN no-mps nvtaskset=$NV" >"$NVTS_SLURM_PLUGSTACK"
+
+# enabled_of PID: the TPCs the stand-in recorded for PID's last kernel, as a
+# list of indices (the disable mask's zeros below TPCS).
+enabled_of() {
+  local mask hex i d bit out=""
+  mask=$(awk -v p="$1" '$1 == p {m = $4} END {print m}' "$T/record")
+  [[ -n $mask ]] || return 1
+  hex=${mask#0x}
+  for ((i = 0; i < TPCS; i++)); do
+    d=$((i / 4))
+    if ((d < ${#hex})); then bit=$(((16#${hex:${#hex}-1-d:1} >> (i % 4)) & 1)); else bit=0; fi
+    ((bit)) || out+=${out:+,}$i
+  done
+  echo "$out"
+}
+count_of() { local s; s=$(enabled_of "$1") || { echo 0; return; }; [[ -z $s ]] && echo 0 || echo $(($(tr -cd , <<<"$s" | wc -c) + 1)); }
+disjoint() { # disjoint LIST LIST: both non-empty, no index in common
+  [[ -n $1 && -n $2 ]] || return 1
+  local x
+  for x in ${1//,/ }; do [[ ,$2, == *,$x,* ]] && return 1; done
+  return 0
+}
+launched_pid() { sed -n 's/^pid \([0-9]*\)$/\1/p' "$1" | head -1; }
+steps_listed() { "$NV" --status 2>/dev/null | grep -c slurmstepd; }
+none_listed() { [[ $(steps_listed) == 0 ]]; }
+
+# 1. --gpu-tpcs=16: the step's kernels run on 16 TPCs, and --status lists the
+#    step (slurmstepd, with its job and step id) while it runs.
+srun --gpu-tpcs=16 "$L" --kernels 2 >"$T/o1" 2>"$T/e1" </dev/null
+rc=$?
+p=$(launched_pid "$T/o1")
+n=$(count_of "$p")
+[[ $rc == 0 && $n == 16 ]] && pass "srun --gpu-tpcs=16: the kernels ran on 16 TPCs ($(enabled_of "$p"))" ||
+  fail "srun --gpu-tpcs=16: rc=$rc, kernels on $n TPCs: $(cat "$T/e1")"
+
+# 2. --gres=shard:2 of 8: a quarter of the TPCs, 16 of 64.
+srun --gres=shard:2 "$L" >"$T/o2" 2>"$T/e2" </dev/null
+rc=$?
+p=$(launched_pid "$T/o2")
+n=$(count_of "$p")
+[[ $rc == 0 && $n == 16 ]] && pass "srun --gres=shard:2 (of 8): the kernels ran on 16 TPCs" ||
+  fail "srun --gres=shard:2: rc=$rc, kernels on $n TPCs: $(cat "$T/e2")"
+
+# 3. A running step and a second one, of another Unix user: disjoint; the
+#    first is listed while it runs and released after it exits.
+srun --gpu-tpcs=16 "$L" --until-file "$T/stopA" --ready-file "$T/readyA" --interval-ms 50 \
+  >"$T/oA" 2>"$T/eA" </dev/null &
+sA=$!
+if wait_for 30 test -s "$T/readyA"; then
+  pA=$(launched_pid "$T/oA")
+  st=$("$NV" --status 2>&1)
+  grep -Eq 'slurmstepd: \[[0-9]+\.[0-9]+\]' <<<"$st" && pass "--status lists the running step as slurmstepd: [job.step]" ||
+    fail "--status during the step: $st"
+  runuser -u nobody -- env PATH="$PATH" SLURM_CONF="$SLURM_CONF" NVTASKSET_REAL_LIBCUDA="$NVTASKSET_REAL_LIBCUDA" \
+    FAKECUDA_SM_COUNT="$FAKECUDA_SM_COUNT" FAKECUDA_RECORD="$FAKECUDA_RECORD" NVTASKSET_STATUS_DIR="$NVTASKSET_STATUS_DIR" \
+    srun --gres=shard:2 "$L" >"$T/oB" 2>"$T/eB" </dev/null
+  rc=$?
+  pB=$(launched_pid "$T/oB")
+  a=$(enabled_of "$pA") b=$(enabled_of "$pB")
+  [[ $rc == 0 ]] && disjoint "$a" "$b" && pass "a step of user nobody (shard:2) runs on TPCs disjoint from the running one's ($b vs $a)" ||
+    fail "concurrent steps: rc=$rc, A on '$a', B on '$b': $(cat "$T/eB")"
+  # 4. A share that cannot be honoured now: 60 of the 48 left.
+  srun --gpu-tpcs=60 "$L" >"$T/o4" 2>"$T/e4" </dev/null
+  rc=$?
+  [[ $rc != 0 && -z $(launched_pid "$T/o4") ]] && grep -q -- '-n 60' "$T/e4" &&
+    pass "srun --gpu-tpcs=60 next to a step on 16: fails before the program runs ($(grep -- '-n 60' "$T/e4" | head -1))" ||
+    fail "srun --gpu-tpcs=60 next to a step on 16: rc=$rc: $(cat "$T/o4" "$T/e4")"
+  touch "$T/stopA"
+  wait "$sA"
+  rc=$?
+  [[ $rc == 0 ]] && wait_for 10 none_listed && pass "after the step exits, --status lists no step" ||
+    fail "after the step exited (rc=$rc): $("$NV" --status 2>&1)"
+else
+  fail "the first step did not start: $(cat "$T/eA")"
+fi
+
+# 5. scancel: the step's TPCs are free again; a step on all of them then runs.
+srun --gpu-tpcs=16 "$L" --until-file "$T/never" --ready-file "$T/readyC" --interval-ms 50 \
+  >"$T/oC" 2>"$T/eC" </dev/null &
+sC=$!
+if wait_for 30 test -s "$T/readyC"; then
+  scancel "$(squeue -h -o %i | head -1)"
+  wait "$sC"
+  rc=$?
+  wait_for 10 none_listed && [[ $rc != 0 ]] && pass "after scancel (srun exit $rc), --status lists no step" ||
+    fail "after scancel (srun exit $rc): $("$NV" --status 2>&1)"
+  srun --gpu-tpcs=$TPCS "$L" >"$T/o5" 2>"$T/e5" </dev/null
+  rc=$?
+  n=$(count_of "$(launched_pid "$T/o5")")
+  [[ $rc == 0 && $n == "$TPCS" ]] && pass "then srun --gpu-tpcs=$TPCS runs on all $TPCS TPCs" ||
+    fail "srun --gpu-tpcs=$TPCS after scancel: rc=$rc, $n TPCs: $(cat "$T/e5")"
+else
+  fail "the step to cancel did not start: $(cat "$T/eC")"
+fi
+
+# 6. Bad input: srun fails, one line names the value, the program never runs.
+for v in 0 abc -3 $((TPCS + 1)); do
+  srun --gpu-tpcs="$v" "$L" >"$T/o6" 2>"$T/e6" </dev/null
+  rc=$?
+  line=$(grep -m1 -- "$v" "$T/e6")
+  [[ $rc != 0 && -z $(launched_pid "$T/o6") && -n $line ]] && pass "srun --gpu-tpcs=$v fails (exit $rc): $line" ||
+    fail "srun --gpu-tpcs=$v: rc=$rc: $(cat "$T/o6" "$T/e6")"
+done
+srun --gpu-tpcs=4 --gpu-tpcs-mode=diagonal "$L" >"$T/o7" 2>"$T/e7" </dev/null
+rc=$?
+[[ $rc != 0 && -z $(launched_pid "$T/o7") ]] && grep -q diagonal "$T/e7" && pass "srun --gpu-tpcs-mode=diagonal fails (exit $rc)" ||
+  fail "srun --gpu-tpcs-mode=diagonal: rc=$rc: $(cat "$T/e7")"
+
+# 7. No option and no shard: the step runs untouched, no variable of ours.
+out=$(srun env </dev/null 2>&1)
+rc=$?
+[[ $rc == 0 ]] && ! grep -Eq '^NVTASKSET_PARTITION|^LD_PRELOAD=.*libcuda|^CUDA_DEVICE_MAX_CONNECTIONS' <<<"$out" &&
+  pass "a step with no option and no shard gets no partition and no variable" ||
+  fail "a plain step: rc=$rc: $(grep -E 'NVTASKSET|LD_PRELOAD|CUDA_DEVICE' <<<"$out")"
+
+# 8. --gpu-tpcs-mode=spread: as -n --spread (the stand-in's GPCs are unknown,
+#    so the count is what can be checked here).
+srun --gpu-tpcs=8 --gpu-tpcs-mode=spread "$L" >"$T/o8" 2>"$T/e8" </dev/null
+rc=$?
+n=$(count_of "$(launched_pid "$T/o8")")
+[[ $rc == 0 && $n == 8 ]] && pass "srun --gpu-tpcs=8 --gpu-tpcs-mode=spread: 8 TPCs" || fail "spread: rc=$rc, $n TPCs: $(cat "$T/e8")"
+
+"$CLUSTER" stop "$DIR" >/dev/null 2>&1 && STOPPED=1 || fail "cluster stop"
+echo "== $FAILS failure(s)"
+exit $((FAILS > 0))
