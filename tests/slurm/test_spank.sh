@@ -188,6 +188,32 @@ rc=$?
 n=$(count_of "$(launched_pid "$T/o8")")
 [[ $rc == 0 && $n == 8 ]] && pass "srun --gpu-tpcs=8 --gpu-tpcs-mode=spread: 8 TPCs" || fail "spread: rc=$rc, $n TPCs: $(cat "$T/e8")"
 
+# 9. The TaskProlog fallback (slurm/task_prolog.sh), without the plugin:
+#    NVTASKSET_GPU_TPCS or the shards set each task's TPCs; a bad count fails
+#    the task and srun, and the program never runs.
+: >"$NVTS_SLURM_PLUGSTACK"
+echo "TaskProlog=$(readlink -f "$HERE/../../slurm/task_prolog.sh")" >>"$SLURM_CONF"
+if scontrol reconfigure && wait_for 10 sh -c 'scontrol show config | grep -q "^TaskProlog .*task_prolog.sh"'; then
+  export NVTASKSET=$NV NVTASKSET_SLURM_NO_MPS=1
+  NVTASKSET_GPU_TPCS=8 srun "$L" >"$T/o9" 2>"$T/e9" </dev/null
+  rc=$?
+  n=$(count_of "$(launched_pid "$T/o9")")
+  [[ $rc == 0 && $n == 8 ]] && pass "TaskProlog: NVTASKSET_GPU_TPCS=8 runs the task on 8 TPCs" ||
+    fail "TaskProlog with NVTASKSET_GPU_TPCS=8: rc=$rc, $n TPCs: $(cat "$T/e9")"
+  srun --gres=shard:2 "$L" >"$T/o10" 2>"$T/e10" </dev/null
+  rc=$?
+  n=$(count_of "$(launched_pid "$T/o10")")
+  [[ $rc == 0 && $n == 16 ]] && pass "TaskProlog: --gres=shard:2 runs the task on 16 TPCs" ||
+    fail "TaskProlog with shard:2: rc=$rc, $n TPCs: $(cat "$T/e10")"
+  NVTASKSET_GPU_TPCS=$((TPCS + 1)) srun "$L" >"$T/o11" 2>"$T/e11" </dev/null
+  rc=$?
+  [[ $rc != 0 && -z $(launched_pid "$T/o11") ]] && cat "$T/o11" "$T/e11" | grep -q -- "-n $((TPCS + 1))" &&
+    pass "TaskProlog: NVTASKSET_GPU_TPCS=$((TPCS + 1)) fails the task (srun exit $rc), the program never runs" ||
+    fail "TaskProlog with a bad count: rc=$rc: $(cat "$T/o11" "$T/e11")"
+else
+  fail "slurmctld did not take the TaskProlog: $(scontrol show config | grep -i taskprolog)"
+fi
+
 "$CLUSTER" stop "$DIR" >/dev/null 2>&1 && STOPPED=1 || fail "cluster stop"
 echo "== $FAILS failure(s)"
 exit $((FAILS > 0))
