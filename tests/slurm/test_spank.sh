@@ -7,7 +7,8 @@
 # launcher on the stand-in driver posing as a 64-TPC GPU. It checks the masks
 # each step's kernels ran with (the stand-in's record), that concurrent
 # steps (also of another Unix user) are disjoint, that TPCs are free again
-# after a step exits and after scancel, the bad inputs, and that a step that
+# after a step exits and after scancel, the bad inputs, a step on two GPUs
+# (a partition on each), the TaskProlog fallback, and that a step that
 # asks for nothing is left untouched. Needs root (slurmd) and Debian 12's
 # slurmctld slurmd slurm-client munge.
 #
@@ -188,7 +189,26 @@ rc=$?
 n=$(count_of "$(launched_pid "$T/o8")")
 [[ $rc == 0 && $n == 8 ]] && pass "srun --gpu-tpcs=8 --gpu-tpcs-mode=spread: 8 TPCs" || fail "spread: rc=$rc, $n TPCs: $(cat "$T/e8")"
 
-# 9. The TaskProlog fallback (slurm/task_prolog.sh), without the plugin:
+# 9. A step that sees two GPUs (no gres: every GPU of the node; the stand-in
+#    with two) gets a partition on each: its kernels on the second GPU run on
+#    8 TPCs too, and --status lists the step on both.
+FAKECUDA_DEVICES=2 srun --gpu-tpcs=8 "$L" --device 1 --until-file "$T/stopG" --ready-file "$T/readyG" \
+  >"$T/oG" 2>"$T/eG" </dev/null &
+sG=$!
+if FAKECUDA_DEVICES=2 wait_for 30 test -s "$T/readyG"; then
+  st=$(FAKECUDA_DEVICES=2 "$NV" --status 2>&1)
+  touch "$T/stopG"
+  wait "$sG"
+  rc=$?
+  n=$(count_of "$(launched_pid "$T/oG")")
+  rows=$(grep -c 'slurmstepd' <<<"$st")
+  [[ $rc == 0 && $n == 8 && $rows == 2 ]] && pass "a step on two GPUs: 8 TPCs on the second, --status lists it on both" ||
+    fail "a step on two GPUs: rc=$rc, $n TPCs on GPU 1, $rows --status rows: $st $(cat "$T/eG")"
+else
+  fail "the two-GPU step did not start: $(cat "$T/eG")"
+fi
+
+# 10. The TaskProlog fallback (slurm/task_prolog.sh), without the plugin:
 #    NVTASKSET_GPU_TPCS or the shards set each task's TPCs; a bad count fails
 #    the task and srun, and the program never runs.
 : >"$NVTS_SLURM_PLUGSTACK"
