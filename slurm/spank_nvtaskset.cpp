@@ -25,6 +25,7 @@
 // A step with no --gpu-tpcs and no shard is left untouched: no variable set.
 #include <fcntl.h>
 #include <poll.h>
+#include <pwd.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -147,6 +148,10 @@ std::vector<std::string> job_environment(spank_t sp) {
     if (kv.starts_with("HOME=") || kv.starts_with("XDG_")) continue;
     out.emplace_back(kv);
   }
+  // Root's own home instead, so that its device cache is found again by
+  // the next step (without one, every step would calibrate the GPU anew).
+  if (const passwd* pw = ::getpwuid(::geteuid()); pw != nullptr && pw->pw_dir != nullptr)
+    out.push_back(std::string("HOME=") + pw->pw_dir);
   return out;
 }
 

@@ -227,7 +227,7 @@ if scontrol reconfigure && wait_for 10 sh -c 'scontrol show config | grep -q "^T
     fail "TaskProlog with shard:2: rc=$rc, $n TPCs: $(cat "$T/e10")"
   NVTASKSET_GPU_TPCS=$((TPCS + 1)) srun "$L" >"$T/o11" 2>"$T/e11" </dev/null
   rc=$?
-  [[ $rc != 0 && -z $(launched_pid "$T/o11") ]] && cat "$T/o11" "$T/e11" | grep -q -- "-n $((TPCS + 1))" &&
+  [[ $rc != 0 && -z $(launched_pid "$T/o11") ]] && grep -q -- "-n $((TPCS + 1))" "$T/o11" "$T/e11" &&
     pass "TaskProlog: NVTASKSET_GPU_TPCS=$((TPCS + 1)) fails the task (srun exit $rc), the program never runs" ||
     fail "TaskProlog with a bad count: rc=$rc: $(cat "$T/o11" "$T/e11")"
 else
