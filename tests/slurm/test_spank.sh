@@ -62,6 +62,15 @@ cp "$FAKE" "$T/bin/libcuda.so.1"
 chmod 755 "$T" "$T/bin" "$T/bin/launcher" "$T/bin/libcuda.so.1"
 : >"$T/record"
 chmod 666 "$T/record"
+# nvtaskset, its shim and the plugin as another user can read them: srun of
+# user nobody loads the plugin, nobody's task the shim (a build tree may sit
+# in a directory only root can enter, as CI's does).
+mkdir -p "$T/nv/bin" "$T/nv/lib/nvtaskset" "$T/nv/lib/slurm"
+cp "$NV" "$T/nv/bin/nvtaskset"
+cp "$(dirname "$NV")/../lib/nvtaskset/libcuda.so.1" "$T/nv/lib/nvtaskset/libcuda.so.1"
+cp "$PLUGIN" "$T/nv/lib/slurm/spank_nvtaskset.so"
+chmod -R a+rX "$T/nv"
+NV=$T/nv/bin/nvtaskset PLUGIN=$T/nv/lib/slurm/spank_nvtaskset.so
 export NVTASKSET_REAL_LIBCUDA=$T/bin/libcuda.so.1 FAKECUDA_SM_COUNT=$((2 * TPCS)) FAKECUDA_RECORD=$T/record
 export NVTASKSET_STATUS_DIR=$T/status XDG_CACHE_HOME=$T/cache
 unset LD_PRELOAD CUDA_VISIBLE_DEVICES
