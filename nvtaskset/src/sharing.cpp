@@ -20,6 +20,7 @@
 #include "nvtaskset/control_region.hpp"
 #include "nvtaskset/idlist.hpp"
 #include "nvtaskset/mps.hpp"
+#include "nvtaskset/proc.hpp"
 #include "nvtaskset/task_driver.hpp"
 
 namespace nvtaskset::cli {
@@ -156,11 +157,26 @@ int print_status(Devices& devices, bool json) {
     return (a.role == roles::Role::kBestEffort && b.role == roles::Role::kLatencyCritical) ||
            (a.role == roles::Role::kLatencyCritical && b.role == roles::Role::kBestEffort);
   };
+  // A task that runs on the partition its ancestor holds is that partition
+  // at work, not a second one sharing it: a launcher's holder and its tasks
+  // (--env-for: a Slurm step's slurmstepd and the step's tasks), a task and
+  // the children that inherited its TPCs.
+  auto family = [](pid_t a, pid_t b) {
+    for (const auto& [young, old] : {std::pair{a, b}, std::pair{b, a}}) {
+      pid_t p = young;
+      for (int hops = 0; hops < 64 && p > 1; ++hops)
+        if ((p = ctl::parent_pid(p)) == old) return true;
+    }
+    return false;
+  };
   std::map<std::size_t, std::vector<pid_t>> share_tpcs, share_gpcs;
   for (std::size_t i = 0; i < rows.size(); ++i) {
     std::vector<Holder> others;
     for (std::size_t j = 0; j < rows.size(); ++j)
       if (j != i && rows[j].e->pid != rows[i].e->pid && !by_design(*rows[i].e, *rows[j].e) &&
+          !(rows[j].dp->device == rows[i].dp->device &&
+            rows[j].dp->partition.enabled.bits == rows[i].dp->partition.enabled.bits &&
+            family(rows[i].e->pid, rows[j].e->pid)) &&
           (rows[j].dp->device == rows[i].dp->device || rows[j].dp->device == kAnyDevice ||
            rows[i].dp->device == kAnyDevice))
         others.push_back({rows[j].e->pid, rows[j].e->uid, rows[j].tpcs});

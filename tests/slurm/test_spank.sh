@@ -129,6 +129,10 @@ if wait_for 30 test -s "$T/readyA"; then
   st=$("$NV" --status 2>&1)
   grep -Eq 'slurmstepd: \[[0-9]+\.[0-9]+\]' <<<"$st" && pass "--status lists the running step as slurmstepd: [job.step]" ||
     fail "--status during the step: $st"
+  # The step's task runs on the partition its slurmstepd holds: not a second
+  # partition sharing those TPCs.
+  ! grep -q "share TPCs" <<<"$st" && pass "--status reports no sharing between a step and its own task" ||
+    fail "--status during the step says it shares: $st"
   runuser -u nobody -- env PATH="$PATH" SLURM_CONF="$SLURM_CONF" NVTASKSET_REAL_LIBCUDA="$NVTASKSET_REAL_LIBCUDA" \
     FAKECUDA_SM_COUNT="$FAKECUDA_SM_COUNT" FAKECUDA_RECORD="$FAKECUDA_RECORD" NVTASKSET_STATUS_DIR="$NVTASKSET_STATUS_DIR" \
     srun --gres=shard:2 "$L" >"$T/oB" 2>"$T/eB" </dev/null
