@@ -84,7 +84,9 @@ MPS_BEFORE=" $(mps_pids | tr '\n' ' ') "
 finish() {
   local p new=""
   for p in $(jobs -p); do kill "$p" 2>/dev/null; done
+  mkdir -p "$W"
   ((STOPPED)) || "$CLUSTER" stop "$DIR" >"$W/stop.log" 2>&1
+  remove_slice
   for p in $(mps_pids); do [[ $MPS_BEFORE == *" $p "* ]] || new+=" $p($(cat /proc/$p/comm 2>/dev/null))"; done
   if [[ -n $new ]]; then
     echo "FAIL an MPS process appeared during the check:$new; stopping it"
@@ -102,6 +104,20 @@ finish() {
 }
 trap 'exit 143' TERM INT
 trap finish EXIT
+
+# slurmd 22.05 initialises the cgroup plugin of the machine's hierarchy
+# whatever the config; with cgroup v2 and no systemd (the lent GPU VMs:
+# Ubuntu 24.04, cgroup2 only) it wants /sys/fs/cgroup/system.slice to put its
+# scope in, and stops without it. Made here when missing, removed after.
+MADE_SLICE=0
+if [[ $(stat -fc %T /sys/fs/cgroup 2>/dev/null) == cgroup2fs && ! -d /sys/fs/cgroup/system.slice ]]; then
+  mkdir /sys/fs/cgroup/system.slice && MADE_SLICE=1 && say "made /sys/fs/cgroup/system.slice (cgroup v2 without systemd)"
+fi
+remove_slice() {
+  ((MADE_SLICE)) || return 0
+  find /sys/fs/cgroup/system.slice -depth -type d -exec rmdir {} \; 2>/dev/null
+  [[ -d /sys/fs/cgroup/system.slice ]] && echo "note: /sys/fs/cgroup/system.slice could not be removed" || true
+}
 
 say "starting the cluster from $BUNDLE ($SHARDS shards on ${GPU_DEV:-the stand-in device node})"
 if ! "$CLUSTER" start "$DIR" --prefix "$BUNDLE" --shards "$SHARDS" ${GPU_DEV:+--gpu-file "$GPU_DEV"} \
