@@ -155,8 +155,9 @@ std::vector<std::string> job_environment(spank_t sp) {
   return out;
 }
 
-// The shard count of the node's GPU: plugstack.conf's shards=N, else the
-// "Name=shard ... Count=N" line of gres.conf next to slurm.conf.
+// The shard count of one of the node's GPUs: plugstack.conf's shards=N,
+// else gres.conf next to slurm.conf: the first "Name=shard Count=N File=F"
+// line's N over the number of GPUs F names ("/dev/nvidia[0-3]": 4).
 unsigned shards_total() {
   if (g.shards_total != 0) return g.shards_total;
   const char* conf = std::getenv("SLURM_CONF");
@@ -164,20 +165,25 @@ unsigned shards_total() {
   dir = dir.substr(0, dir.rfind('/') == std::string::npos ? 0 : dir.rfind('/'));
   std::ifstream f((dir.empty() ? std::string(".") : dir) + "/gres.conf");
   std::string line;
-  unsigned total = 0;
   while (std::getline(f, line)) {
     if (const auto hash = line.find('#'); hash != std::string::npos) line.resize(hash);
     std::istringstream words(line);
     std::string w;
     bool shard = false;
-    unsigned count = 0;
+    unsigned count = 0, files = 1;
     while (words >> w) {
       if (w == "Name=shard") shard = true;
       if (w.starts_with("Count=")) count = parse_count(w.c_str() + 6).value_or(0);
+      if (w.starts_with("File=")) {
+        unsigned a = 0, b = 0;
+        if (const auto lb = w.find('['); lb != std::string::npos &&
+                                         std::sscanf(w.c_str() + lb, "[%u-%u]", &a, &b) == 2 && b >= a)
+          files = b - a + 1;
+      }
     }
-    if (shard) total += count;
+    if (shard && count != 0) return count / files;
   }
-  return total;
+  return 0;
 }
 
 // ---- running nvtaskset -------------------------------------------------------------------
@@ -319,8 +325,18 @@ void plan_step(spank_t sp) {
   std::vector<std::string> argv = {g.cli, "--env-for", std::to_string(::getpid()), "--exclusive"};
   if (g.no_mps) argv.push_back("--no-mps");
   // The step's GPUs are what CUDA_VISIBLE_DEVICES lets it see: devices 0..k-1
-  // to nvtaskset, which runs with the job's environment.
-  for (unsigned d = 0; d < counts->size(); ++d) {
+  // to nvtaskset, which runs with the job's environment. A step Slurm gave
+  // GPUs (a gpu or shard gres: SLURM_STEP_GPUS) gets a partition on each; a
+  // step given none gets GPU 0 of what it sees, and sees only that GPU, so
+  // that none of its kernels runs on a GPU without its partition.
+  unsigned devices = static_cast<unsigned>(counts->size());
+  std::string only_gpu;
+  if (!job_getenv(sp, "SLURM_STEP_GPUS") && shards == 0 && devices > 1) {
+    devices = 1;
+    const std::string seen = job_getenv(sp, "CUDA_VISIBLE_DEVICES").value_or("");
+    only_gpu = seen.empty() ? "0" : seen.substr(0, seen.find(','));
+  }
+  for (unsigned d = 0; d < devices; ++d) {
     // A shard's share of the TPCs, rounded down, never none.
     const unsigned n = g.tpcs != 0 ? g.tpcs : std::max(1u, (*counts)[d] * shards / total);
     argv.insert(argv.end(), {"-d", std::to_string(d), "-n", std::to_string(n)});
@@ -341,6 +357,7 @@ void plan_step(spank_t sp) {
     }
     g.env.emplace_back(line.substr(0, eq), line.substr(eq + 1));
   }
+  if (!only_gpu.empty()) g.env.emplace_back("CUDA_VISIBLE_DEVICES", only_gpu);
   bool partition = false;
   for (const auto& [k, v] : g.env) partition = partition || k == "NVTASKSET_PARTITION";
   if (!partition) g.error = "nvtaskset: --env-for gave no NVTASKSET_PARTITION";

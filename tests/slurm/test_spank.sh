@@ -202,24 +202,14 @@ rc=$?
 n=$(count_of "$(launched_pid "$T/o8")")
 [[ $rc == 0 && $n == 8 ]] && pass "srun --gpu-tpcs=8 --gpu-tpcs-mode=spread: 8 TPCs" || fail "spread: rc=$rc, $n TPCs: $(cat "$T/e8")"
 
-# 9. A step that sees two GPUs (no gres: every GPU of the node; the stand-in
-#    with two) gets a partition on each: its kernels on the second GPU run on
-#    8 TPCs too, and --status lists the step on both.
-FAKECUDA_DEVICES=2 srun --gpu-tpcs=8 "$L" --device 1 --until-file "$T/stopG" --ready-file "$T/readyG" \
-  >"$T/oG" 2>"$T/eG" </dev/null &
-sG=$!
-if FAKECUDA_DEVICES=2 wait_for 30 test -s "$T/readyG"; then
-  st=$(FAKECUDA_DEVICES=2 "$NV" --status 2>&1)
-  touch "$T/stopG"
-  wait "$sG"
-  rc=$?
-  n=$(count_of "$(launched_pid "$T/oG")")
-  rows=$(grep -c 'slurmstepd' <<<"$st")
-  [[ $rc == 0 && $n == 8 && $rows == 2 ]] && pass "a step on two GPUs: 8 TPCs on the second, --status lists it on both" ||
-    fail "a step on two GPUs: rc=$rc, $n TPCs on GPU 1, $rows --status rows: $st $(cat "$T/eG")"
-else
-  fail "the two-GPU step did not start: $(cat "$T/eG")"
-fi
+# 9. A step Slurm gave no GPU that sees two (the stand-in with two): GPU 0
+#    gets the partition, and the step sees only GPU 0.
+FAKECUDA_DEVICES=2 srun --gpu-tpcs=8 "$L" --print-env CUDA_VISIBLE_DEVICES >"$T/oG" 2>"$T/eG" </dev/null
+rc=$?
+n=$(count_of "$(launched_pid "$T/oG")")
+[[ $rc == 0 && $n == 8 ]] && grep -q "^env CUDA_VISIBLE_DEVICES=0$" "$T/oG" &&
+  pass "a step given no GPU that sees two: 8 TPCs on GPU 0, and CUDA_VISIBLE_DEVICES=0" ||
+  fail "a step given no GPU that sees two: rc=$rc, $n TPCs: $(cat "$T/oG" "$T/eG")"
 
 # 10. The TaskProlog fallback (slurm/task_prolog.sh), without the plugin:
 #    NVTASKSET_GPU_TPCS or the shards set each task's TPCs; a bad count fails
@@ -248,5 +238,38 @@ else
 fi
 
 "$CLUSTER" stop "$DIR" >/dev/null 2>&1 && STOPPED=1 || fail "cluster stop"
+
+# 11. A node with two GPUs (8 shards each): a step given both gets a
+#     partition on each; a shard's share is of one GPU's shards.
+DIR2=$(mktemp -d /tmp/nvts-spank2.XXXXXX)
+if "$CLUSTER" start "$DIR2" --gpus 2 --shards 8 --owner $$ --max-seconds 120 >/dev/null; then
+  eval "$("$CLUSTER" env "$DIR2")"
+  echo "required $PLUGIN no-mps nvtaskset=$NV" >"$NVTS_SLURM_PLUGSTACK"
+  export FAKECUDA_DEVICES=2
+  srun --gres=gpu:2 --gpu-tpcs=8 "$L" --device 1 --until-file "$T/stopH" --ready-file "$T/readyH" \
+    >"$T/oH" 2>"$T/eH" </dev/null &
+  sH=$!
+  if wait_for 30 test -s "$T/readyH"; then
+    rows=$("$NV" --status 2>/dev/null | grep -c slurmstepd)
+    touch "$T/stopH"
+    wait "$sH"
+    rc=$?
+    n=$(count_of "$(launched_pid "$T/oH")")
+    [[ $rc == 0 && $n == 8 && $rows == 2 ]] && pass "a step given two GPUs: 8 TPCs on the second, --status lists it on both" ||
+      fail "a step given two GPUs: rc=$rc, $n TPCs on GPU 1, $rows --status rows: $(cat "$T/eH")"
+  else
+    fail "the two-GPU step did not start: $(cat "$T/eH")"
+  fi
+  srun --gres=shard:2 "$L" >"$T/oI" 2>"$T/eI" </dev/null
+  rc=$?
+  n=$(count_of "$(launched_pid "$T/oI")")
+  [[ $rc == 0 && $n == 16 ]] && pass "on a node of two GPUs of 8 shards each, --gres=shard:2 is 16 TPCs" ||
+    fail "shard:2 on two GPUs: rc=$rc, $n TPCs: $(cat "$T/eI")"
+  unset FAKECUDA_DEVICES
+  "$CLUSTER" stop "$DIR2" >/dev/null 2>&1 || fail "stop of the two-GPU cluster"
+else
+  fail "the two-GPU cluster did not start"
+fi
+rm -rf "$DIR2"
 echo "== $FAILS failure(s)"
 exit $((FAILS > 0))
