@@ -8,15 +8,16 @@
 # each step's kernels ran with (the stand-in's record), that concurrent
 # steps (also of another Unix user) are disjoint, that TPCs are free again
 # after a step exits and after scancel, the bad inputs, a step on two GPUs
-# (a partition on each), the TaskProlog fallback, and that a step that
+# (a partition on each), MPS and a refused gres/mps, the TaskProlog
+# fallback, and that a step that
 # asks for nothing is left untouched. Needs root (slurmd) and Debian 12's
 # slurmctld slurmd slurm-client munge.
 #
-#   test_spank.sh NVTASKSET PLUGIN STAND_IN_DRIVER LAUNCHER
+#   test_spank.sh NVTASKSET PLUGIN STAND_IN_DRIVER LAUNCHER FAKE_MPS_CONTROL
 set -uo pipefail
 
 [[ $(id -u) == 0 ]] || { echo "FAIL test_spank.sh needs root (slurmd runs the steps)"; exit 1; }
-NV=$1 PLUGIN=$2 FAKE=$3 LAUNCHER=$4
+NV=$1 PLUGIN=$2 FAKE=$3 LAUNCHER=$4 FAKE_MPS=$5
 HERE=$(dirname "$(readlink -f "$0")")
 CLUSTER=$HERE/cluster.sh
 DIR=$(mktemp -d /tmp/nvts-spank.XXXXXX) # short: socket paths live under it
@@ -211,7 +212,34 @@ n=$(count_of "$(launched_pid "$T/oG")")
   pass "a step given no GPU that sees two: 8 TPCs on GPU 0, and CUDA_VISIBLE_DEVICES=0" ||
   fail "a step given no GPU that sees two: rc=$rc, $n TPCs: $(cat "$T/oG" "$T/eG")"
 
-# 10. The TaskProlog fallback (slurm/task_prolog.sh), without the plugin:
+# 10. With MPS (no no-mps): the plugin's nvtaskset makes sure a control
+#     daemon runs (the stand-in), and the step's tasks get an MPS client's 8
+#     kernel queues; a step with Slurm's own gres/mps thread percentage and a
+#     partition is refused in one line.
+cp "$FAKE_MPS" "$T/bin/nvidia-cuda-mps-control"
+chmod 755 "$T/bin/nvidia-cuda-mps-control"
+mkdir -p "$T/mps-pipe" "$T/mps-log"
+echo "required $PLUGIN nvtaskset=$NV" >"$NVTS_SLURM_PLUGSTACK"
+mps_env=(NVTASKSET_MPS_CONTROL="$T/bin/nvidia-cuda-mps-control" CUDA_MPS_PIPE_DIRECTORY="$T/mps-pipe"
+  CUDA_MPS_LOG_DIRECTORY="$T/mps-log")
+env "${mps_env[@]}" srun --gpu-tpcs=8 "$L" --print-env CUDA_DEVICE_MAX_CONNECTIONS >"$T/oM" 2>"$T/eM" </dev/null
+rc=$?
+n=$(count_of "$(launched_pid "$T/oM")")
+[[ $rc == 0 && $n == 8 && -S $T/mps-pipe/control ]] && grep -q "^env CUDA_DEVICE_MAX_CONNECTIONS=8$" "$T/oM" &&
+  pass "with MPS: the control daemon runs, the step's task gets 8 kernel queues and 8 TPCs" ||
+  fail "with MPS: rc=$rc, $n TPCs, socket $(ls "$T/mps-pipe" 2>&1): $(cat "$T/oM" "$T/eM")"
+env "${mps_env[@]}" CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 srun --gpu-tpcs=8 "$L" >"$T/oN" 2>"$T/eN" </dev/null
+rc=$?
+[[ $rc != 0 && -z $(launched_pid "$T/oN") ]] && grep -q "gres/mps" "$T/eN" &&
+  pass "a step with Slurm's MPS thread percentage and --gpu-tpcs is refused (exit $rc): $(grep -m1 gres/mps "$T/eN")" ||
+  fail "gres/mps with --gpu-tpcs: rc=$rc: $(cat "$T/oN" "$T/eN")"
+# Stop the stand-in daemon this started, by its PID.
+mps_pid=$(cat "$T/mps-pipe/nvidia-cuda-mps-control.pid" 2>/dev/null)
+env "${mps_env[@]}" "$T/bin/nvidia-cuda-mps-control" <<<quit >/dev/null 2>&1
+[[ -z $mps_pid ]] || wait_for 5 sh -c "! kill -0 $mps_pid 2>/dev/null" || { kill -9 "$mps_pid" 2>/dev/null; fail "the stand-in MPS daemon did not quit"; }
+echo "required $PLUGIN no-mps nvtaskset=$NV" >"$NVTS_SLURM_PLUGSTACK"
+
+# 11. The TaskProlog fallback (slurm/task_prolog.sh), without the plugin:
 #    NVTASKSET_GPU_TPCS or the shards set each task's TPCs; a bad count fails
 #    the task and srun, and the program never runs.
 : >"$NVTS_SLURM_PLUGSTACK"
@@ -239,7 +267,7 @@ fi
 
 "$CLUSTER" stop "$DIR" >/dev/null 2>&1 && STOPPED=1 || fail "cluster stop"
 
-# 11. A node with two GPUs (8 shards each): a step given both gets a
+# 12. A node with two GPUs (8 shards each): a step given both gets a
 #     partition on each; a shard's share is of one GPU's shards.
 DIR2=$(mktemp -d /tmp/nvts-spank2.XXXXXX)
 if "$CLUSTER" start "$DIR2" --gpus 2 --shards 8 --owner $$ --max-seconds 120 >/dev/null; then
