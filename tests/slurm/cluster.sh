@@ -575,15 +575,9 @@ cmd_start() {
 
 # ------------------------------------------------------------------- stop ---
 
-# proc_id PID: "STATE STARTTIME" from /proc/PID/stat (fields 3 and 22,
-# counted after the last ')' of comm), empty when PID does not exist.
-proc_id() {
-  local s
-  { read -r s <"/proc/$1/stat"; } 2>/dev/null || return 1
-  s=${s##*) }
-  set -- $s
-  echo "$1 ${20}"
-}
+# proc_id PID (proc_id.sh).
+# shellcheck source=proc_id.sh
+source "${SELF%/*}/proc_id.sh"
 
 # still_running PID START: PID is the process that had start time START
 # and is not a zombie. (A dying process's environ is unreadable before it is

@@ -182,14 +182,8 @@ else
 fi
 
 # ------------------------------------------------------------------- stop ---
-# proc_id PID: "STATE STARTTIME" (proc(5) fields 3 and 22) or nothing.
-proc_id() {
-  local s
-  { read -r s <"/proc/$1/stat"; } 2>/dev/null || return 1
-  s=${s##*) }
-  set -- $s
-  echo "$1 ${20}"
-}
+# shellcheck source=proc_id.sh
+source "$HERE/proc_id.sh"
 pids=() ids=()
 for n in munged slurmctld slurmd watchdog; do
   [[ -s $DIR/run/$n.pid ]] || continue
