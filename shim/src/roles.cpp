@@ -445,6 +445,9 @@ constexpr unsigned kDefaultBeDepth = 4;
 struct BeState {
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;  // peers, floors, budget
   std::vector<roles::Peer>* peers = nullptr;
+  // Whether any LC task was seen at the last refresh: with none, the queue is
+  // not bounded (nothing would wait behind it), and the task gets everything.
+  std::atomic<bool> any_lc{false};
   std::uint64_t next_check = 0, next_scan = 0, next_alive = 0;
   std::int64_t stamp = -1;
   std::uint64_t epoch = ~0ull;
@@ -485,6 +488,7 @@ void be_refresh(std::uint64_t now) {
     changed = alive.size() != g_be.peers->size();
     *g_be.peers = std::move(alive);
   }
+  g_be.any_lc.store(!g_be.peers->empty(), std::memory_order_release);
   const ctl::Header* h = header();
   const std::uint64_t epoch = h != nullptr ? h->epoch.load(std::memory_order_acquire) : 0;
   if (!changed && epoch == g_be.epoch) return;
@@ -560,8 +564,12 @@ bool be_before(CUstream, bool, bool graph) {
   return a != roles::BeAction::kRun && !graph;
 }
 
-// After a best-effort launch: at most `depth` launches queued.
+// After a best-effort launch: at most `depth` launches queued while an LC
+// task exists. With none, the queue is the program's own: a BE task with no
+// LC task gets everything, its throughput included. (An LC task that then
+// starts may find a deep queue once: the bound holds from the next launch.)
 void be_after(CUstream s, bool per_thread) noexcept {
+  if (!g_be.any_lc.load(std::memory_order_acquire)) return;
   pthread_mutex_lock(&g_be.qmu);
   ++g_be.count;
   if (g_be.count % g_be.stride == 0 && !g_be.ring_failed && g_captures.load(std::memory_order_acquire) == 0 &&

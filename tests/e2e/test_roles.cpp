@@ -538,6 +538,28 @@ TEST_F(Roles, BestEffortKeepsAtMostDepthLaunchesQueued) {
   stop("lc", *lp);
 }
 
+TEST_F(Roles, BestEffortWithNoLatencyCriticalTaskQueuesFreely) {
+  // No LC task: nothing would wait behind the queue, so it is not bounded
+  // (a BE task alone gets everything, its throughput too). The same launches
+  // with an idle LC task wait at 4 (the test above).
+  touch(hold_);
+  Env env = env_;
+  env["NVTASKSET_BE_DEPTH"] = "4";
+  Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "10", "--idle-until", path("until.free"),
+                    "--ready-file", path("ready.free")},
+                   env);
+  ASSERT_GT(wait_ready(path("ready.free"), be), 0);
+  const auto recs = wait_records(be.pid, 10);
+  EXPECT_EQ(recs.size(), 10u);
+  EXPECT_TRUE(AllOn(recs, kAll));
+  const nlohmann::json t =
+      wait_task(be.pid, [](const nlohmann::json& x) { return x.value("kernels_launched", 0) == 10; }, "10 launches");
+  EXPECT_EQ(counter(t, "queue_waits"), 0u) << t.dump();
+  EXPECT_EQ(state(t), "running") << t.dump();
+  fs::remove(hold_);
+  stop("free", be);
+}
+
 TEST_F(Roles, BadQueueDepthIsOneWarningAndTheTaskRuns) {
   for (const std::string bad : {"0", "abc", "1025", "-3"}) {
     Env env = env_;
