@@ -74,7 +74,9 @@ BASE_SIZED = "lc-alone-res-sized"
 # largest weight (LCBE_L2_WINDOW), which the captured kernels keep (tests/gpu/l2_window_capture.cu);
 # the set-aside itself is the MPS server's (--l2-persist-pct). Only when named in --setups.
 ROLES_L2 = "roles-l2"
-OPTIONAL = (BASE_SIZED, ROLES_L2)
+# BE alone under --best-effort (no LC task): what the role costs a BE task by itself. Only when named.
+BE_ROLE_ALONE = "be-alone-role"
+OPTIONAL = (BASE_SIZED, ROLES_L2, BE_ROLE_ALONE)
 L2_ENV = "LCBE_L2_WINDOW"
 L2_PCT_ENV = "CUDA_DEVICE_DEFAULT_PERSISTING_L2_CACHE_PERCENTAGE_LIMIT"
 # A --best-effort task's launches in flight (nvtaskset's options.hpp: 1-1024, default 16); --be-depth
@@ -106,6 +108,8 @@ def setup_table(nv, lc_n, be_n, be_depth=None):
               Launch([nv, "--best-effort"], be_role_env),
               f"nvtaskset -n {lc_n} --latency-critical (LC) / --best-effort (BE)"
               + (f", {BE_DEPTH_ENV}={be_depth}" if be_depth is not None else "")),
+        Setup(BE_ROLE_ALONE, True, None, Launch([nv, "--best-effort"], be_role_env),
+              "BE alone under nvtaskset --best-effort (an MPS client; no LC task)"),
         Setup(ROLES_L2, True, Launch([nv, "-n", str(lc_n), "--latency-critical"], {L2_ENV: "1"}),
               Launch([nv, "--best-effort"], be_role_env),
               "the roles, the LC task's kernels with a persisting L2 window over its largest weight"),
@@ -938,6 +942,10 @@ def report(d, summary):
         say()
         say(f"BE alone (whole GPU, {a.window_s:g}-s windows): {fmt_stat(e['be_its'])} it/s, n={e['valid']}, "
             f"{fmt_pair((e['power_mean_w'], e['power_min_w']), 0)} W, {fmt_pair((e['sm_mhz_mean'], e['sm_mhz_min']), 0)} MHz")
+    if BE_ROLE_ALONE in summary["setups"]:
+        e = summary["setups"][BE_ROLE_ALONE]["-"]
+        say(f"BE alone under --best-effort: {fmt_stat(e['be_its'])} it/s, {fmt_ratio(e['be_vs_alone'])} of BE alone, "
+            f"n={e['valid']}")
     say("p99.9 of a window of fewer than 1,000 requests is close to its maximum; the JSON also has the "
         "percentiles of all rounds pooled.")
     for k in d.skipped:
