@@ -250,8 +250,8 @@ int run(int argc, char** argv) {
                "has work");
   app.add_flag("--best-effort", o.best_effort,
                "run the command on all TPCs (or those given) while every latency-critical task is idle; while one "
-               "has work, its new kernels wait, or run on the TPCs no reservation holds; it keeps at most "
-               "NVTASKSET_BE_DEPTH launches queued");
+               "has work, its new kernels wait, or run on the TPCs no reservation holds; while one exists, it keeps "
+               "at most NVTASKSET_BE_DEPTH launches queued");
   app.add_flag("-a,--all-tasks", o.all_tasks, "with -p: the task and every process it started that runs under nvtaskset");
   app.add_flag("--status", o.status, "list every partitioned task on this machine (with --json: as JSON)");
   app.add_flag("-v,--verbose", o.verbose, "say which TPCs -n chose");

@@ -86,8 +86,8 @@ inline constexpr OptionDesc kOptions[] = {
     {Option::kBurstPool, "NVTASKSET_BURST_POOL", OptionKind::kInternal, "", false,
      "set by nvtaskset --latency-critical: every working TPC of each GPU, which the task may burst onto"},
     {Option::kBeDepth, "NVTASKSET_BE_DEPTH", OptionKind::kNumber, "1-1024, default 4", true,
-     "a --best-effort task keeps at most this many launches queued on the GPU, so that it gives the GPU back "
-     "to a latency-critical task within that many kernels"},
+     "while a latency-critical task exists, a --best-effort task keeps at most this many launches queued on the "
+     "GPU, so that it gives the GPU back to it within that many kernels"},
     {Option::kTestBurstMs, "NVTASKSET_TEST_BURST_MS", OptionKind::kInternal, "", false,
      "FOR TESTS ONLY: a latency-critical task bursts for up to this many ms in a row whatever its share of time "
      "busy, and a best-effort task holds for it as long, so that tests can observe a burst without timing"},
