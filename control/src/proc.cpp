@@ -111,6 +111,16 @@ pid_t parent_pid(pid_t pid) {
   return static_cast<pid_t>(*ppid);
 }
 
+std::vector<pid_t> ancestors(pid_t pid) {
+  std::vector<pid_t> out;
+  for (int depth = 0; depth < 64; ++depth) {
+    pid = parent_pid(pid);
+    if (pid <= 1) break;
+    out.push_back(pid);
+  }
+  return out;
+}
+
 std::optional<uid_t> process_uid(pid_t pid) {
   struct stat st {};
   if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0) return std::nullopt;

@@ -145,17 +145,6 @@ std::vector<pid_t> descendants(pid_t pid) {
   return out;
 }
 
-// The parent of `pid`, its parent, ... up to (not including) init.
-std::vector<pid_t> ancestors(pid_t pid) {
-  std::vector<pid_t> out;
-  for (int depth = 0; depth < 64; ++depth) {
-    pid = ctl::parent_pid(pid);
-    if (pid <= 1) break;
-    out.push_back(pid);
-  }
-  return out;
-}
-
 // The form a query answers in: --show's, else the one the partition was set
 // in (GPCs and physical masks as such, anything else as a TPC list).
 SpecKind query_form(const std::string& show, const Partition& cur) {
@@ -363,7 +352,7 @@ int live(const Options& o, const Requests& rq) {
   std::set<pid_t> family_pids = members;
   if (!query) {
     for (pid_t d : descendants(pid)) family_pids.insert(d);
-    for (pid_t a : ancestors(pid)) family_pids.insert(a);
+    for (pid_t a : ctl::ancestors(pid)) family_pids.insert(a);
   }
   // A change holds every family member's writer lock from its first step
   // (the claim in the status entry) to its last (the entry of the new

@@ -161,13 +161,16 @@ int print_status(Devices& devices, bool json) {
   // at work, not a second one sharing it: a launcher's holder and its tasks
   // (--env-for: a Slurm step's slurmstepd and the step's tasks), a task and
   // the children that inherited its TPCs.
-  auto family = [](pid_t a, pid_t b) {
-    for (const auto& [young, old] : {std::pair{a, b}, std::pair{b, a}}) {
-      pid_t p = young;
-      for (int hops = 0; hops < 64 && p > 1; ++hops)
-        if ((p = ctl::parent_pid(p)) == old) return true;
-    }
-    return false;
+  // Each row's ancestors read once, not once per pair of rows.
+  std::map<pid_t, std::vector<pid_t>> ancestry;
+  for (const Row& r : rows)
+    if (!ancestry.count(r.e->pid)) ancestry[r.e->pid] = ctl::ancestors(r.e->pid);
+  auto family = [&](pid_t a, pid_t b) {
+    auto has = [&](pid_t young, pid_t old) {
+      const std::vector<pid_t>& up = ancestry[young];
+      return std::find(up.begin(), up.end(), old) != up.end();
+    };
+    return has(a, b) || has(b, a);
   };
   std::map<std::size_t, std::vector<pid_t>> share_tpcs, share_gpcs;
   for (std::size_t i = 0; i < rows.size(); ++i) {

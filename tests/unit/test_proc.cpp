@@ -2,7 +2,7 @@
 // proc.hpp: the one /proc/<pid>/stat reader (stat_field, process_stat_field,
 // process_stat_number) and what is built on it: process_is_zombie_or_dead
 // (what `nvtaskset -p` uses to refuse a task that was killed but not yet
-// reaped), parent_pid.
+// reaped), parent_pid, ancestors.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -168,6 +168,16 @@ TEST(Proc, ParentPidIsTheParent) {
   EXPECT_EQ(parent_pid(child), 0);
   EXPECT_EQ(parent_pid(0), 0);
   EXPECT_EQ(parent_pid(-1), 0);
+}
+
+TEST(Proc, AncestorsWalkUpToInit) {
+  const std::vector<pid_t> up = ancestors(::getpid());
+  ASSERT_FALSE(up.empty());
+  EXPECT_EQ(up.front(), ::getppid());
+  for (std::size_t i = 1; i < up.size(); ++i) EXPECT_EQ(up[i], parent_pid(up[i - 1])) << i;
+  EXPECT_NE(up.back(), 1);  // init itself is left out
+  EXPECT_TRUE(ancestors(0).empty());
+  EXPECT_TRUE(ancestors(-1).empty());
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace nvtaskset::ctl {
 
@@ -40,6 +41,9 @@ bool process_is_zombie_or_dead(pid_t pid);
 
 // The parent of `pid` (/proc/<pid>/stat field 4), or 0 when it cannot be read.
 pid_t parent_pid(pid_t pid);
+
+// The parent of `pid`, its parent, ... up to (not including) init; at most 64.
+std::vector<pid_t> ancestors(pid_t pid);
 
 // The user a live process runs as: the owner of /proc/<pid>; nullopt when
 // it does not exist.
