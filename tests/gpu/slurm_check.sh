@@ -143,6 +143,7 @@ if [[ -n ${STANDIN_LAUNCHER:-} ]]; then
   # record (identity layout: TPC k is disable-mask bit k).
   # identity layout: 64 TPCs, one 64-bit disable mask
   export FAKECUDA_SM_COUNT=${FAKECUDA_SM_COUNT:-128} FAKECUDA_RECORD=$W/record
+  export STANDIN_RECORD_LIB=$REPO/tests/slurm/standin_record.sh
   : >"$FAKECUDA_RECORD"; chmod 666 "$FAKECUDA_RECORD"
   PROBE=$W/standin_probe
   cat >"$PROBE" <<'EOF'
@@ -156,17 +157,10 @@ while (($#)); do
     *) args+=("$1"); shift ;;
   esac
 done
-tpcs=$((FAKECUDA_SM_COUNT / 2))
+source "$STANDIN_RECORD_LIB" # standin_tpcs
 line() {
-  local mask hex i d bit out=""
-  mask=$(awk -v p="$1" '$1 == p {m = $4} END {print m}' "$FAKECUDA_RECORD")
-  [[ -n $mask ]] || return 1
-  hex=${mask#0x}
-  for ((i = 0; i < tpcs; i++)); do
-    d=$((i / 4))
-    if ((d < ${#hex})); then bit=$(((16#${hex:${#hex}-1-d:1} >> (i % 4)) & 1)); else bit=0; fi
-    ((bit)) || out+=${out:+,}$i
-  done
+  local out
+  out=$(standin_tpcs "$FAKECUDA_RECORD" "$1" $((FAKECUDA_SM_COUNT / 2))) || return 1
   echo "iter $2 sms $((2 * ($(tr -cd , <<<"$out" | wc -c) + 1))) tpcs $out"
 }
 out=$(mktemp)

@@ -78,20 +78,10 @@ unset LD_PRELOAD CUDA_VISIBLE_DEVICES
 L=$T/bin/launcher
 echo "required $PLUGIN no-mps nvtaskset=$NV" >"$NVTS_SLURM_PLUGSTACK"
 
-# enabled_of PID: the TPCs the stand-in recorded for PID's last kernel, as a
-# list of indices (the disable mask's zeros below TPCS).
-enabled_of() {
-  local mask hex i d bit out=""
-  mask=$(awk -v p="$1" '$1 == p {m = $4} END {print m}' "$T/record")
-  [[ -n $mask ]] || return 1
-  hex=${mask#0x}
-  for ((i = 0; i < TPCS; i++)); do
-    d=$((i / 4))
-    if ((d < ${#hex})); then bit=$(((16#${hex:${#hex}-1-d:1} >> (i % 4)) & 1)); else bit=0; fi
-    ((bit)) || out+=${out:+,}$i
-  done
-  echo "$out"
-}
+# enabled_of PID: the TPCs the stand-in recorded for PID's last kernel.
+# shellcheck source=standin_record.sh
+source "$HERE/standin_record.sh"
+enabled_of() { standin_tpcs "$T/record" "$1" "$TPCS"; }
 count_of() { local s; s=$(enabled_of "$1") || { echo 0; return; }; [[ -z $s ]] && echo 0 || echo $(($(tr -cd , <<<"$s" | wc -c) + 1)); }
 disjoint() { # disjoint LIST LIST: both non-empty, no index in common
   [[ -n $1 && -n $2 ]] || return 1
