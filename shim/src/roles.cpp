@@ -44,8 +44,6 @@ void bump(std::atomic<std::uint64_t>& c, std::uint64_t by = 1) noexcept {
   c.fetch_add(by, std::memory_order_relaxed);
 }
 
-std::uint64_t now_ns() noexcept { return roles::monotonic_ns(); }
-
 void sleep_ns(long ns) noexcept {
   timespec ts{0, ns};
   ::nanosleep(&ts, nullptr);
@@ -281,7 +279,7 @@ void* controller(void*) {
   std::int64_t stamp = -1;
   std::uint64_t next_refresh = 0, next_check = 0;
   while (!g_lc.stop.load(std::memory_order_acquire)) {
-    const std::uint64_t now = now_ns();
+    const std::uint64_t now = roles::monotonic_ns();
     const std::uint64_t launches = g_lc.launches.load(std::memory_order_acquire);
     const bool busy = launches != completed;
     budget.advance(now, busy);
@@ -345,7 +343,7 @@ void* controller(void*) {
     completed = launches;
     b.completed.store(completed, std::memory_order_release);
     if (g_lc.launches.load(std::memory_order_acquire) == completed) {
-      bump(b.busy_ns, now_ns() - busy_since);
+      bump(b.busy_ns, roles::monotonic_ns() - busy_since);
       busy_since = 0;
     }
   }
@@ -378,7 +376,7 @@ bool start_lc() noexcept {
         g_lc.file = roles::BeaconFile::create().release();
         g_lc.beacon.store(&g_lc.file->beacon(), std::memory_order_release);
         refresh_burst(g_lc.file->beacon());
-        g_lc.file->beacon().heartbeat_ns.store(now_ns(), std::memory_order_relaxed);
+        g_lc.file->beacon().heartbeat_ns.store(roles::monotonic_ns(), std::memory_order_relaxed);
         g_lc.file->beacon().may_burst.store(1, std::memory_order_relaxed);
         pthread_t t;
         if (::pthread_create(&t, nullptr, &controller, nullptr) != 0) why = "cannot start its controller thread";
@@ -527,7 +525,7 @@ roles::BeAction be_decide(std::uint64_t now) {
 bool be_before(CUstream, bool, bool graph) {
   ctl::Header* h = header();
   pthread_mutex_lock(&g_be.mu);
-  std::uint64_t now = now_ns();
+  std::uint64_t now = roles::monotonic_ns();
   be_refresh(now);
   g_be.hold_budget->advance(now, false);
   roles::BeAction a = be_decide(now);
@@ -540,7 +538,7 @@ bool be_before(CUstream, bool, bool graph) {
     pthread_mutex_unlock(&g_be.mu);
     sleep_ns(20'000);
     pthread_mutex_lock(&g_be.mu);
-    now = now_ns();
+    now = roles::monotonic_ns();
     g_be.hold_budget->advance(now, true);
     be_refresh(now);
     a = be_decide(now);
