@@ -218,6 +218,9 @@ timeout "$S" srun -J shardB --gres=shard:2 "$PROBE" --interval-ms 50 --until-fil
   >"$W/oB" 2>"$W/eB" </dev/null &
 sB=$!
 if wait_for "$(left 60)" test -s "$W/readyA" -a -s "$W/readyB"; then
+  # Both steps' kernel lines have come through srun's forwarding (the ready
+  # files are written by the tasks themselves, their output goes via srun).
+  wait_for "$(left 30)" sh -c "grep -q '^iter' '$W/oA' && grep -q '^iter' '$W/oB'"
   sleep 0.3 # a few more kernels each, both running
   a=$(tpcs_of "$W/oA") b=$(tpcs_of "$W/oB")
   na=$(count "$a") nb=$(count "$b")

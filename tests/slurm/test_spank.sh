@@ -116,7 +116,9 @@ srun --gpu-tpcs=16 "$L" --until-file "$T/stopA" --ready-file "$T/readyA" --inter
   >"$T/oA" 2>"$T/eA" </dev/null &
 sA=$!
 if wait_for 30 test -s "$T/readyA"; then
-  pA=$(launched_pid "$T/oA")
+  # Its PID from the ready file it wrote itself: its stdout reaches "$T/oA"
+  # through srun's forwarding, which may not have caught up yet.
+  pA=$(cat "$T/readyA")
   st=$("$NV" --status 2>&1)
   grep -Eq 'slurmstepd: \[[0-9]+\.[0-9]+\]' <<<"$st" && pass "--status lists the running step as slurmstepd: [job.step]" ||
     fail "--status during the step: $st"
