@@ -23,10 +23,8 @@
 //    fails the task, so srun exits non-zero: Slurm 22.05 ignores a failing
 //    init_post_opt or user_init in srun's exit status.
 // A step with no --gpu-tpcs and no shard is left untouched: no variable set.
-#include <fcntl.h>
 #include <poll.h>
 #include <pwd.h>
-#include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -45,6 +43,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "nvtaskset/spawn.hpp"
+
 extern "C" {
 #include <slurm/spank.h>
 }
@@ -60,6 +60,8 @@ extern "C" const unsigned int spank_plugin_version = 1;
 #pragma GCC visibility pop
 
 namespace {
+
+namespace process = nvtaskset::process;
 
 #ifndef NVTASKSET_SLURM_CLI
 #define NVTASKSET_SLURM_CLI "nvtaskset"
@@ -193,42 +195,29 @@ struct Run {
   std::string out, err;
 };
 
-// argv with env, stdout and stderr captured, at most kCliTimeoutS.
+// argv with env, stdout and stderr captured, at most kCliTimeoutS (started
+// through process/, the project's one way to start a child).
 Run run_cli(const std::vector<std::string>& argv, const std::vector<std::string>& env) {
   Run r;
-  int out[2], err[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) return r;
-  if (::pipe2(err, O_CLOEXEC) != 0) {
-    ::close(out[0]);
-    ::close(out[1]);
+  pid_t pid = -1;
+  process::Pipe out, err;
+  try {
+    out = process::make_pipe();
+    err = process::make_pipe();
+    process::SpawnOptions so;
+    so.in = process::Stream::null();
+    so.out = process::Stream::fd(out.write.get());
+    so.err = process::Stream::fd(err.write.get());
+    pid = process::spawn(process::ExecArgs(argv, env), so);
+  } catch (const process::SpawnError& e) {
+    r.err = std::string("nvtaskset: the Slurm plugin cannot run ") + argv.front() + ": " + e.what() + "\n";
     return r;
   }
-  std::vector<char*> a, e;
-  for (const std::string& s : argv) a.push_back(const_cast<char*>(s.c_str()));
-  a.push_back(nullptr);
-  for (const std::string& s : env) e.push_back(const_cast<char*>(s.c_str()));
-  e.push_back(nullptr);
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    const int nul = ::open("/dev/null", O_RDONLY);
-    if (nul >= 0) ::dup2(nul, 0);
-    ::execve(a[0], a.data(), e.data());
-    const char msg[] = "nvtaskset: the Slurm plugin cannot run nvtaskset\n";
-    (void)!::write(2, msg, sizeof msg - 1);
-    ::_exit(127);
-  }
-  ::close(out[1]);
-  ::close(err[1]);
-  if (pid < 0) {
-    ::close(out[0]);
-    ::close(err[0]);
-    return r;
-  }
+  out.write.reset();
+  err.write.reset();
   timespec start{};
   ::clock_gettime(CLOCK_MONOTONIC, &start);
-  pollfd fds[2] = {{out[0], POLLIN, 0}, {err[0], POLLIN, 0}};
+  pollfd fds[2] = {{out.read.get(), POLLIN, 0}, {err.read.get(), POLLIN, 0}};
   int open_fds = 2;
   char buf[4096];
   while (open_fds > 0) {
@@ -236,29 +225,23 @@ Run run_cli(const std::vector<std::string>& argv, const std::vector<std::string>
     ::clock_gettime(CLOCK_MONOTONIC, &now);
     const long left_ms = (start.tv_sec + kCliTimeoutS - now.tv_sec) * 1000;
     if (left_ms <= 0) {
-      ::kill(pid, SIGKILL);
+      process::kill_and_reap(pid);
       r.err += "nvtaskset: did not answer within " + std::to_string(kCliTimeoutS) + " s\n";
-      break;
+      return r;  // status stays -1: a failure
     }
     if (::poll(fds, 2, static_cast<int>(left_ms)) < 0 && errno != EINTR) break;
     for (pollfd& p : fds) {
       if (p.fd < 0 || !(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
       const ssize_t n = ::read(p.fd, buf, sizeof buf);
       if (n > 0) {
-        (p.fd == out[0] ? r.out : r.err).append(buf, static_cast<std::size_t>(n));
+        (p.fd == out.read.get() ? r.out : r.err).append(buf, static_cast<std::size_t>(n));
       } else if (n == 0 || errno != EINTR) {
-        ::close(p.fd);
-        p.fd = -1;
+        p.fd = -1;  // the pipe stays open until `out`/`err` go
         --open_fds;
       }
     }
   }
-  for (pollfd& p : fds)
-    if (p.fd >= 0) ::close(p.fd);
-  int st = 0;
-  while (::waitpid(pid, &st, 0) < 0 && errno == EINTR) {
-  }
-  r.status = st;
+  r.status = process::wait_for(pid);
   return r;
 }
 
