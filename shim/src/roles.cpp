@@ -284,7 +284,14 @@ void* controller(void*) {
     const bool busy = launches != completed;
     budget.advance(now, busy);
     b.heartbeat_ns.store(now, std::memory_order_relaxed);
-    b.may_burst.store(budget.may_burst() ? 1 : 0, std::memory_order_relaxed);
+    const std::uint32_t may = budget.may_burst() ? 1 : 0;
+    if (b.may_burst.exchange(may, std::memory_order_acq_rel) != may) {
+      // A CUDA graph's kernels keep the mask they were encoded with: a new
+      // epoch makes the task's graphs encode again at their next launch
+      // (graphs.cpp), with the burst set or without it. Once per stop or
+      // resume, a few microseconds a kernel node (docs/design.md).
+      if (ctl::Header* h = header()) h->epoch.fetch_add(1, std::memory_order_acq_rel);
+    }
     b.state.store(static_cast<std::uint32_t>(!busy                ? roles::LcState::kIdle
                                              : budget.may_burst() ? roles::LcState::kBursting
                                                                   : roles::LcState::kSaturated),

@@ -221,6 +221,43 @@ TEST_F(Roles, SaturatedLatencyCriticalTaskRunsOnItsReservation) {
   stop("lc", *lcp);
 }
 
+// A CUDA graph's kernels keep the mask they were encoded with until the
+// graph is encoded again (docs/hardware.md), so an LC task's graphs must be
+// re-encoded when its controller stops or resumes its burst. Before this was
+// so, PyTorch's captured forward kept whichever mask it was first encoded
+// with: on an H100 it ran on its reservation for whole runs while the task
+// was idle and allowed to burst, or on the burst set while saturated, over
+// the floor a best-effort task was sent to (docs/runs.md, run 26).
+TEST_F(Roles, LatencyCriticalGraphFollowsItsBurst) {
+  const std::string until = path("until.lc"), ready = path("ready.lc");
+  Proc& p = start({kCli, "--no-mps", "-t", "0-1", "--latency-critical", kGraphLauncher, "--mode", "plain", "--nodes",
+                   "2", "--until-file", until, "--interval-ms", "20", "--ready-file", ready},
+                  env_);
+  const long lc = wait_ready(ready, p);
+  ASSERT_GT(lc, 0) << p.wait();
+  // Idle between replays, allowed to burst: every replay on all 8 TPCs
+  // (one replay, two kernel nodes, may have started before the check).
+  ASSERT_TRUE(wait_state(lc, "idle"));
+  std::size_t from = records().size();
+  EXPECT_TRUE(AllOn(records_after(lc, from, 2, 4), kAll));
+
+  // Its kernels held "on the GPU" for 100 ms: saturated, so its replays go
+  // back to its reservation (TPCs 0-1).
+  touch(hold_);
+  ASSERT_TRUE(wait_state(lc, "saturated"));
+  from = records().size();
+  EXPECT_TRUE(AllOn(records_after(lc, from, 2, 4), on(0x03)));
+
+  // Released and idle, it may burst again, and its graph with it.
+  fs::remove(hold_);
+  wait_task(lc, [](const nlohmann::json& t) { return state(t) == "idle" && t["controller"]["may_burst"] == true; },
+            "idle and may burst");
+  from = records().size();
+  EXPECT_TRUE(AllOn(records_after(lc, from, 2, 4), kAll));
+  touch(until);
+  EXPECT_TRUE(ExitedWith(p.wait(), 0)) << p.command;
+}
+
 // ---- (c) roles in --status --------------------------------------------------------------
 
 TEST_F(Roles, StatusShowsEachTasksRole) {
