@@ -258,6 +258,54 @@ TEST_F(Roles, LatencyCriticalGraphFollowsItsBurst) {
   EXPECT_TRUE(ExitedWith(p.wait(), 0)) << p.command;
 }
 
+// Under MPS the role sets the client's priority (CUDA_MPS_CLIENT_PRIORITY:
+// 1, below normal, for best-effort; 0 for latency-critical), replacing a
+// user's value with one warning; a plain task and a --no-mps one keep theirs.
+TEST_F(Roles, RoleSetsTheMpsClientPriority) {
+  Env env = env_;
+  env["NVTASKSET_MPS_CONTROL"] = kFakeMps;
+  env["FAKE_MPS_IDLE_MS"] = "20000";
+  const std::string prio = "CUDA_MPS_CLIENT_PRIORITY";
+  auto launch = [&](std::vector<std::string> options, const Env& e) {
+    std::vector<std::string> argv{kCli};
+    argv.insert(argv.end(), options.begin(), options.end());
+    argv.insert(argv.end(), {kLauncher, "--print-env", prio});
+    return run(argv, e);
+  };
+  Result r = launch({"--best-effort"}, env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(printed_env(r.out, prio).value_or("<unset>"), "1") << r;
+  EXPECT_EQ(r.err.find("warn"), std::string::npos) << r;
+  r = launch({"-t", "0-1", "--latency-critical"}, env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(printed_env(r.out, prio).value_or("<unset>"), "0") << r;
+  r = launch({"-t", "0-1"}, env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(printed_env(r.out, prio).value_or("<unset>"), "<unset>") << r;
+
+  // A user's value the role does not want: replaced, said in one line.
+  env[prio] = "0";
+  r = launch({"--best-effort"}, env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(printed_env(r.out, prio).value_or("<unset>"), "1") << r;
+  EXPECT_NE(r.err.find("CUDA_MPS_CLIENT_PRIORITY=0 replaced by CUDA_MPS_CLIENT_PRIORITY=1"), std::string::npos) << r;
+  env[prio] = "1";
+  r = launch({"-t", "0-1", "--latency-critical"}, env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(printed_env(r.out, prio).value_or("<unset>"), "0") << r;
+  EXPECT_NE(r.err.find("CUDA_MPS_CLIENT_PRIORITY=1 replaced by CUDA_MPS_CLIENT_PRIORITY=0"), std::string::npos) << r;
+  // Outside MPS the priority means nothing: left as it is.
+  r = launch({"--no-mps", "--best-effort"}, env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(printed_env(r.out, prio).value_or("<unset>"), "1") << r;
+  env.erase(prio);
+  r = launch({"--no-mps", "--best-effort"}, env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(printed_env(r.out, prio).value_or("<unset>"), "<unset>") << r;
+  Proc& q = start({"sh", "-c", "echo quit | " + kFakeMps}, env);
+  q.wait();
+}
+
 // ---- (c) roles in --status --------------------------------------------------------------
 
 TEST_F(Roles, StatusShowsEachTasksRole) {
