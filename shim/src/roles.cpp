@@ -461,6 +461,10 @@ struct BeState {
   // ring of `ring` slots.
   pthread_mutex_t qmu = PTHREAD_MUTEX_INITIALIZER;
   unsigned depth = 4, stride = 1, ring = 4;  // configure() sets them
+  // NVTASKSET_BE_YIELD; and whether the queue is bounded at all (hold, or a
+  // depth asked for).
+  BeYield yield = BeYield::kHold;
+  bool bounded = true;
   CUcontext ctx = nullptr;
   bool ring_failed = false;
   CUevent events[64] = {};
@@ -517,6 +521,18 @@ void be_refresh(std::uint64_t now) {
   }
 }
 
+// What NVTASKSET_BE_YIELD makes of a hold: a wait, the floor, or a launch
+// as if every LC task were idle.
+roles::BeAction yielded(roles::BeAction a) noexcept {
+  if (a != roles::BeAction::kHold) return a;
+  switch (g_be.yield) {
+    case BeYield::kHold: return a;
+    case BeYield::kFloor: return roles::BeAction::kFloor;
+    case BeYield::kRun: return roles::BeAction::kRun;
+  }
+  return a;
+}
+
 roles::BeAction be_decide(std::uint64_t now) {
   thread_local std::vector<roles::LcSnapshot> snaps;  // no allocation per launch once grown
   snaps.clear();
@@ -535,7 +551,7 @@ bool be_before(CUstream, bool, bool graph) {
   std::uint64_t now = roles::monotonic_ns();
   be_refresh(now);
   g_be.hold_budget->advance(now, false);
-  roles::BeAction a = be_decide(now);
+  roles::BeAction a = yielded(be_decide(now));
   const std::uint64_t start = now;
   bool held = false;
   while (a == roles::BeAction::kHold || (graph && a == roles::BeAction::kFloor)) {
@@ -548,7 +564,7 @@ bool be_before(CUstream, bool, bool graph) {
     now = roles::monotonic_ns();
     g_be.hold_budget->advance(now, true);
     be_refresh(now);
-    a = be_decide(now);
+    a = yielded(be_decide(now));
   }
   pthread_mutex_unlock(&g_be.mu);
   if (h) {
@@ -574,7 +590,7 @@ bool be_before(CUstream, bool, bool graph) {
 // LC task gets everything, its throughput included. (An LC task that then
 // starts may find a deep queue once: the bound holds from the next launch.)
 void be_after(CUstream s, bool per_thread) noexcept {
-  if (!g_be.any_lc.load(std::memory_order_acquire)) return;
+  if (!g_be.bounded || !g_be.any_lc.load(std::memory_order_acquire)) return;
   pthread_mutex_lock(&g_be.qmu);
   ++g_be.count;
   if (g_be.count % g_be.stride == 0 && !g_be.ring_failed && g_captures.load(std::memory_order_acquire) == 0 &&
@@ -770,8 +786,12 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
     } else {
       g_be.peers = new std::vector<roles::Peer>();
       g_be.hold_budget = new roles::BurstBudget(budget_params(roles::kHoldBudget));
+      const Choice<BeYield> y = choice_of<Option::kBeYield>();
+      if (y.unknown) warn("NVTASKSET_BE_YIELD: not hold, floor or run; using hold");
+      g_be.yield = y.value;
       const NumberValue d = number(Option::kBeDepth, 1, 1024, kDefaultBeDepth);
       if (d.bad) warn("NVTASKSET_BE_DEPTH: not a number from 1 to 1024; using 4");
+      g_be.bounded = g_be.yield == BeYield::kHold || option_value(Option::kBeDepth) != nullptr;
       g_be.depth = static_cast<unsigned>(d.value);
       // One event per `stride` launches (a quarter of the depth), at most 64
       // events: the queue is bounded to `depth` launches, give or take one

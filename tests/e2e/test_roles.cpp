@@ -173,6 +173,40 @@ TEST_F(Roles, BestEffortHoldsWhileTheLatencyCriticalTaskBurstsThenRunsOnAllTpcs)
   stop("lc", *lcp);
 }
 
+// NVTASKSET_BE_YIELD: while an LC task bursts, a BE task's launches go on
+// its floor (floor) or on all its TPCs (run) without waiting; hold, the
+// default, is the test above.
+TEST_F(Roles, BestEffortYieldsAsAskedWhileTheLatencyCriticalTaskBursts) {
+  env_["NVTASKSET_TEST_BURST_MS"] = "600000";
+  touch(hold_);
+  Proc* lcp = nullptr;
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp);
+  ASSERT_GT(lc, 0) << lcp->err();
+  ASSERT_TRUE(wait_state(lc, "bursting"));
+  for (const auto& [yield, mask] : {std::pair{"floor", on(0xfc)}, std::pair{"run", kAll}}) {
+    Env env = env_;
+    env["NVTASKSET_BE_YIELD"] = yield;
+    // Two launches, with the LC task busy and bursting throughout.
+    const Result r = run({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "2"}, env);
+    ASSERT_TRUE(ExitedWith(r, 0)) << r;
+    EXPECT_EQ(r.err.find("NVTASKSET_BE_YIELD"), std::string::npos) << r;
+    EXPECT_TRUE(AllOn(records_of(printed_pid(r.out)), mask)) << yield;
+    EXPECT_EQ(state(task(lc)), "bursting") << yield;
+  }
+  // A value that is none of them: one warning, and the default (hold).
+  Env env = env_;
+  env["NVTASKSET_BE_YIELD"] = "later";
+  Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "1", "--until-file", path("until.be"),
+                    "--ready-file", path("ready.be")}, env);
+  ASSERT_TRUE(wait_state(be.pid, "holding")) << be.err();
+  EXPECT_TRUE(records_of(be.pid).empty());
+  fs::remove(hold_);
+  EXPECT_TRUE(AllOn(wait_records(be.pid, 1), kAll));
+  stop("be", be);
+  EXPECT_NE(be.err().find("NVTASKSET_BE_YIELD: not hold, floor or run; using hold"), std::string::npos) << be.err();
+  stop("lc", *lcp);
+}
+
 // ---- (b) an LC task busy too long stops bursting: BE kernels run on the floor ----------
 
 TEST_F(Roles, SaturatedLatencyCriticalTaskPutsBestEffortOnItsFloor) {

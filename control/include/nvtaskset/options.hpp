@@ -33,6 +33,7 @@ enum class Option : unsigned {
   kBurstPool,        // NVTASKSET_BURST_POOL (CLI -> task)
   kBeDepth,          // NVTASKSET_BE_DEPTH
   kTestBurstMs,      // NVTASKSET_TEST_BURST_MS (tests)
+  kBeYield,          // NVTASKSET_BE_YIELD
 };
 
 enum class OptionKind { kChoice, kPath, kInternal, kNumber };
@@ -91,6 +92,9 @@ inline constexpr OptionDesc kOptions[] = {
     {Option::kTestBurstMs, "NVTASKSET_TEST_BURST_MS", OptionKind::kInternal, "", false,
      "FOR TESTS ONLY: a latency-critical task bursts for up to this many ms in a row whatever its share of time "
      "busy, and a best-effort task holds for it as long, so that tests can observe a burst without timing"},
+    {Option::kBeYield, "NVTASKSET_BE_YIELD", OptionKind::kChoice, "hold|floor|run", true,
+     "what a --best-effort task's launches do while a latency-critical task bursts: wait for it, go on the TPCs "
+     "outside its reservation, or go on as if it were idle"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }
@@ -157,6 +161,7 @@ enum class OnUnsupported : unsigned { kAbort, kWarn };
 enum class OnClusterMisfit : unsigned { kAbort, kWiden };
 enum class MpsOtherUser : unsigned { kWait, kFail };
 enum class SmCount : unsigned { kDevice, kPartition };
+enum class BeYield : unsigned { kHold, kFloor, kRun };
 
 template <Option O>
 struct ChoiceOf;  // defined for the choice options that have an enum
@@ -179,6 +184,12 @@ template <>
 struct ChoiceOf<Option::kSmCount> {
   using type = SmCount;
   static constexpr const char* names[] = {"device", "partition"};
+};
+
+template <>
+struct ChoiceOf<Option::kBeYield> {
+  using type = BeYield;
+  static constexpr const char* names[] = {"hold", "floor", "run"};
 };
 
 template <Option O>
@@ -204,6 +215,7 @@ static_assert(choice_names_match<Option::kOnUnsupported>());
 static_assert(choice_names_match<Option::kOnClusterMisfit>());
 static_assert(choice_names_match<Option::kMpsOtherUser>());
 static_assert(choice_names_match<Option::kSmCount>());
+static_assert(choice_names_match<Option::kBeYield>());
 
 // A choice option's value: `value` is the default when unset or unknown;
 // `unknown` says the option was set to none of its values (`text`, the
