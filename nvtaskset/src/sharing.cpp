@@ -259,6 +259,8 @@ int print_status(Devices& devices, bool json) {
         controller = {{"state", state},
                       {"may_burst", snap.may_burst},
                       {"launches", snap.launches},
+                      {"completed", snap.completed},
+                      {"heartbeat_age_ms", now > snap.heartbeat_ns ? (now - snap.heartbeat_ns) / 1'000'000 : 0},
                       {"busy_periods", bc.busy_periods.load(std::memory_order_relaxed)},
                       {"busy_ms", static_cast<double>(bc.busy_ns.load(std::memory_order_relaxed)) / 1e6},
                       {"saturations", bc.saturations.load(std::memory_order_relaxed)},

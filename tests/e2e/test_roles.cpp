@@ -150,6 +150,9 @@ TEST_F(Roles, BestEffortHoldsWhileTheLatencyCriticalTaskBurstsThenRunsOnAllTpcs)
   EXPECT_EQ(state(tl), "bursting") << tl.dump();
   EXPECT_EQ(tl["controller"]["may_burst"], true) << tl.dump();
   EXPECT_GE(tl["controller"]["launches"].get<long>(), 1) << tl.dump();
+  // Busy: its newest launch has not completed; its controller is alive.
+  EXPECT_LT(tl["controller"]["completed"].get<long>(), tl["controller"]["launches"].get<long>()) << tl.dump();
+  EXPECT_LT(tl["controller"]["heartbeat_age_ms"].get<long>(), 250) << tl.dump();
   // A BE partition takes nothing from the LC task's burst.
   EXPECT_EQ(tl["controller"]["burst_tpcs"], "0-7") << tl.dump();
   EXPECT_EQ(tb["tpcs"], "0-7") << tb.dump();
