@@ -76,12 +76,26 @@ BASE_SIZED = "lc-alone-res-sized"
 ROLES_L2 = "roles-l2"
 # BE alone under --best-effort (no LC task): what the role costs a BE task by itself. Only when named.
 BE_ROLE_ALONE = "be-alone-role"
-OPTIONAL = (BASE_SIZED, ROLES_L2, BE_ROLE_ALONE)
+# The roles' other ways for the BE task to make way (issue 22: "evaluate launch pacing"), each a
+# setup named in --setups: a deeper BE queue, and NVTASKSET_BE_YIELD's floor and run. Since
+# nvtaskset sets CUDA_MPS_CLIENT_PRIORITY by role, every roles setup runs its BE at below-normal
+# priority; mps-be-low is plain MPS with the BE client so (the hardware then starts an LC
+# kernel's blocks before those of BE kernels already queued).
+PRIO_ENV, YIELD_ENV = "CUDA_MPS_CLIENT_PRIORITY", "NVTASKSET_BE_YIELD"
+# A --best-effort task's launches in flight while an LC task exists (nvtaskset's options.hpp:
+# 1-1024, default 4); --be-depth sets it for every roles setup's BE.
+BE_DEPTH_ENV = "NVTASKSET_BE_DEPTH"
+MPS_BE_LOW = "mps-be-low"
+# name -> (the BE's environment beyond the roles setup's, what it is)
+ROLE_VARIANTS = {
+    "roles-d16": ({BE_DEPTH_ENV: "16"}, f"BE queue of 16 launches ({BE_DEPTH_ENV}=16)"),
+    "roles-floor": ({YIELD_ENV: "floor"}, f"BE on its floor while LC bursts ({YIELD_ENV}=floor)"),
+    "roles-run": ({YIELD_ENV: "run"}, f"BE not held while LC bursts ({YIELD_ENV}=run)"),
+}
+OPTIONAL = (BASE_SIZED, ROLES_L2, BE_ROLE_ALONE, MPS_BE_LOW) + tuple(ROLE_VARIANTS)
+ROLE_SETUPS = (ROLES, ROLES_L2) + tuple(ROLE_VARIANTS)
 L2_ENV = "LCBE_L2_WINDOW"
 L2_PCT_ENV = "CUDA_DEVICE_DEFAULT_PERSISTING_L2_CACHE_PERCENTAGE_LIMIT"
-# A --best-effort task's launches in flight (nvtaskset's options.hpp: 1-1024, default 16); --be-depth
-# sets it for the roles setup's BE only.
-BE_DEPTH_ENV = "NVTASKSET_BE_DEPTH"
 
 
 def setup_table(nv, lc_n, be_n, be_depth=None):
@@ -110,10 +124,14 @@ def setup_table(nv, lc_n, be_n, be_depth=None):
               + (f", {BE_DEPTH_ENV}={be_depth}" if be_depth is not None else "")),
         Setup(BE_ROLE_ALONE, True, None, Launch([nv, "--best-effort"], be_role_env),
               "BE alone under nvtaskset --best-effort (an MPS client; no LC task)"),
+        Setup(MPS_BE_LOW, True, plain, Launch([], {PRIO_ENV: "1"}),
+              f"both MPS clients, no limits, BE at below-normal priority ({PRIO_ENV}=1)"),
         Setup(ROLES_L2, True, Launch([nv, "-n", str(lc_n), "--latency-critical"], {L2_ENV: "1"}),
               Launch([nv, "--best-effort"], be_role_env),
               "the roles, the LC task's kernels with a persisting L2 window over its largest weight"),
-    ]
+    ] + [Setup(name, True, Launch([nv, "-n", str(lc_n), "--latency-critical"], {}),
+               Launch([nv, "--best-effort"], dict(be_role_env, **env)), "the roles, " + about)
+         for name, (env, about) in ROLE_VARIANTS.items()]
 
 
 ROLE_OPTIONS = ("--latency-critical", "--best-effort")
@@ -515,6 +533,62 @@ class Sampler:
             self.thread.join(timeout=5)
 
 
+class RolesPoller:
+    """What the roles' controller did during a window: `nvtaskset --status --json` every POLL_S
+    (the LC task's state, may_burst, launches and completions, busy periods, stops; the BE task's
+    state and its held, floor and queue-wait counts), kept with the row."""
+    POLL_S = 0.2
+
+    def __init__(self, nv, env):
+        self.nv, self.env, self.trace = nv, env, []
+        self.done = threading.Event()
+        self.t = threading.Thread(target=self._loop, daemon=True)
+        self.t.start()
+
+    def _loop(self):
+        while not self.done.is_set():
+            t = time.monotonic()
+            try:
+                p = subprocess.run([self.nv, "--status", "--json"], env=self.env, capture_output=True, text=True,
+                                   timeout=5)
+                tasks = json.loads(p.stdout).get("tasks", []) if p.returncode == 0 else []
+            except (subprocess.SubprocessError, ValueError, OSError):
+                tasks = []
+            rec = {"t": round(t, 3)}
+            for task in tasks:
+                c = task.get("controller") or {}
+                if task.get("role") == "latency-critical":
+                    rec["lc"] = {k: c.get(k) for k in ("state", "may_burst", "launches", "completed", "busy_periods",
+                                                       "busy_ms", "saturations", "heartbeat_age_ms")}
+                elif task.get("role") == "best-effort":
+                    rec["be"] = {k: c.get(k) for k in ("state", "launches_held", "held_ms", "launches_on_floor",
+                                                       "queue_waits")}
+            self.trace.append(rec)
+            self.done.wait(max(0.0, self.POLL_S - (time.monotonic() - t)))
+
+    def stop(self):
+        self.done.set()
+        self.t.join(timeout=10)
+        return self.trace
+
+    @staticmethod
+    def summary(trace):
+        """Counts of the LC states seen, and the change of the counters over the window."""
+        lcs = [r["lc"] for r in trace if "lc" in r]
+        bes = [r["be"] for r in trace if "be" in r]
+        out = {"polls": len(trace), "lc_states": dict(collections.Counter(x.get("state") for x in lcs))}
+        def delta(xs, k):
+            v = [x.get(k) for x in xs if isinstance(x.get(k), (int, float))]
+            return round(v[-1] - v[0], 1) if len(v) > 1 else None
+        for k in ("launches", "completed", "busy_periods", "busy_ms", "saturations"):
+            out["lc_" + k] = delta(lcs, k)
+        out["lc_max_heartbeat_age_ms"] = max((x.get("heartbeat_age_ms") or 0 for x in lcs), default=None)
+        out["be_states"] = dict(collections.Counter(x.get("state") for x in bes))
+        for k in ("launches_held", "held_ms", "launches_on_floor", "queue_waits"):
+            out["be_" + k] = delta(bes, k)
+        return out
+
+
 def kill_group(p):
     try:
         os.killpg(p.pid, signal.SIGKILL)
@@ -677,12 +751,19 @@ class Driver:
             for i, (setup, pname, rate) in enumerate(windows):
                 if be:
                     be_running = self.set_be(be, bool(setup.be), be_running, i)
-                if setup.name in (ROLES, ROLES_L2):
+                if setup.name in ROLE_SETUPS:
                     time.sleep(ROLES_IDLE_S)
                 if setup.lc:
+                    poller = RolesPoller(self.a.nvtaskset, self.env({})) if setup.name in ROLE_SETUPS else None
                     lc.send({"cmd": "window", "id": i, "rate": rate, "seconds": window_s(self.a, rate),
                              "seed": seeds[pname]})
-                    res = lc.wait_json(f"lc-win-{i}.json", window_s(self.a, rate) * 3 + 60)
+                    try:
+                        res = lc.wait_json(f"lc-win-{i}.json", window_s(self.a, rate) * 3 + 60)
+                    finally:
+                        if poller:
+                            res_trace = poller.stop()
+                    if poller:
+                        res["roles_trace"] = res_trace
                 else:
                     res = {"t0": time.monotonic()}
                     while time.monotonic() < res["t0"] + self.a.window_s and be.p.poll() is None:
@@ -723,7 +804,7 @@ class Driver:
         if be is not None:
             r.update(be_stats(os.path.join(vdir, "be-steps.txt"), t0, t1))
             why = be_rejection(r, self.a.be_max_gap_s)
-            if why and setup.name in (ROLES, ROLES_L2):
+            if why and setup.name in ROLE_SETUPS:
                 # The roles hold BE's launches back by design (at most 100 ms in a row, roles.hpp):
                 # a BE that stalls longer is a result of this setup, not a broken window, and
                 # rejecting it would drop the very windows that miss the target. Kept, its it/s
@@ -734,6 +815,9 @@ class Driver:
                 r.update({"valid": 0, "reject_reason": why})
         r.update(self.sampler.window(t0, t1) if self.sampler else {})
         r["t0_mono"] = round(t0, 3)
+        if "roles_trace" in res:
+            r["_roles_trace"] = res["roles_trace"]
+            r["roles"] = RolesPoller.summary(res["roles_trace"])
         self.say("  " + row_line(r))
         return r
 
@@ -835,6 +919,12 @@ def row_line(r):
         parts.append("REJECTED: " + r["reject_reason"])
     if r.get("note"):
         parts.append(r["note"])
+    if r.get("roles"):
+        x = r["roles"]
+        parts.append(f"roles: LC states {x['lc_states']}, stops {x['lc_saturations']}, busy periods "
+                     f"{x['lc_busy_periods']}, heartbeat age max {x['lc_max_heartbeat_age_ms']} ms; BE states "
+                     f"{x['be_states']}, held {x['be_launches_held']} ({x['be_held_ms']} ms), on floor "
+                     f"{x['be_launches_on_floor']}, queue waits {x['be_queue_waits']}")
     return ", ".join(parts)
 
 
@@ -975,8 +1065,10 @@ def write_outputs(d, summary, meta):
         for r in d.rows:
             w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()})
     with open(os.path.join(out, "lc_be_mix.json"), "w") as f:
-        json.dump({"meta": meta, "summary": summary, "visits": d.visits, "skipped": d.skipped, "failed": d.failed},
-                  f, indent=1)
+        roles_windows = [{"rep": r["rep"], "setup": r["setup"], "pattern": r["pattern"], "roles": r["roles"],
+                          "trace": r["_roles_trace"]} for r in d.rows if r.get("roles")]
+        json.dump({"meta": meta, "summary": summary, "visits": d.visits, "skipped": d.skipped, "failed": d.failed,
+                   "roles_windows": roles_windows}, f, indent=1)
     with open(os.path.join(out, "summary.txt"), "w") as f:
         f.write("\n".join(d.lines) + "\n")
 
@@ -1047,7 +1139,7 @@ def visit_estimate_s(a, group, patterns, startup_s):
     for s in group:
         n += len(patterns) if s.lc else 1
         w += sum(window_s(a, r) for _, r in patterns) if s.lc else a.window_s
-        w += ROLES_IDLE_S * len(patterns) if s.name in (ROLES, ROLES_L2) else 0
+        w += ROLES_IDLE_S * len(patterns) if s.name in ROLE_SETUPS else 0
     return startup_s + SETTLE_S + w + n * WINDOW_OVERHEAD_S + TEARDOWN_S
 
 
@@ -1153,7 +1245,7 @@ def check_nvtaskset(a, setups):
         return
     if not os.access(a.nvtaskset, os.X_OK):
         raise SystemExit(f"lc_be_mix.py: {a.nvtaskset}: not an executable nvtaskset; build it, or pass --nvtaskset PATH")
-    if any(s.name in (ROLES, ROLES_L2) for s in setups) and not nvtaskset_knows_roles(a.nvtaskset):
+    if any(s.name in ROLE_SETUPS for s in setups) and not nvtaskset_knows_roles(a.nvtaskset):
         raise SystemExit(f"lc_be_mix.py: --with-roles: {a.nvtaskset} --help lists no {' / '.join(ROLE_OPTIONS)} "
                          "(the roles of issue 22 are not in this build)")
 
