@@ -150,10 +150,11 @@ CHECK_S, STARTUP_S, SETTLE_S, TEARDOWN_S, WINDOW_OVERHEAD_S, MPS_TOGGLE_S = 8, 1
 BE_RESUME_S = 0.3  # after BE resumes, before a window starts
 # Before each window of the roles setup, the LC idles this long (BE running): the roles keep state
 # across windows (the LC's burst budget and the BE's hold budget, exponentially weighted shares of
-# time busy, time constant 200 ms; roles.hpp), so a window that follows the closed loop would
-# otherwise start with bursting stopped, and on its reservation the LC is busy enough at 44 or 87
-# req/s (6.6-8.7 ms a request, H100) that it might not resume within the window. 1 s: 5 time
-# constants.
+# time busy; roles.hpp), so a window that follows the closed loop would otherwise start with
+# bursting stopped, and on its reservation the LC is busy enough at 44 or 87 req/s (6.6-8.7 ms a
+# request, H100) that it might not resume within the window. 1 s idle takes the LC's share (time
+# constant 1 s) from about 0.6 after a closed loop to 0.22, below its resume share (0.35), and the
+# BE's (200 ms) to nothing.
 ROLES_IDLE_S = 1.0
 LC_WARMUP_REPLAYS = 10
 BE_WARMUP_STEPS = 3

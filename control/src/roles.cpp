@@ -221,15 +221,24 @@ void BurstBudget::advance(std::uint64_t now, bool busy) noexcept {
       allowed_ = false;
       stopped_at_ = now;
       ++saturations_;
+      // A probe the task's load ended at once: wait twice as long for the
+      // next one (roles.hpp).
+      const bool failed_probe = probed_at_ != 0 && now - probed_at_ < 2 * p_.tau_ns;
+      timeout_ns_ = failed_probe ? std::min(2 * resume_timeout(), std::max(p_.max_resume_after_ns, p_.resume_after_ns))
+                                 : p_.resume_after_ns;
+      probed_at_ = 0;
     }
   } else {
     busy_since_ = 0;
     if (!allowed_ && share_ < p_.resume_share) {
       allowed_ = true;
-    } else if (!allowed_ && p_.resume_after_ns != 0 && now - stopped_at_ >= p_.resume_after_ns) {
+      timeout_ns_ = 0;
+      probed_at_ = 0;
+    } else if (!allowed_ && p_.resume_after_ns != 0 && now - stopped_at_ >= resume_timeout()) {
       // Stopped long enough: try again at the resume share (roles.hpp says why).
       allowed_ = true;
       share_ = std::min(share_, p_.resume_share);
+      probed_at_ = now;
     }
   }
 }

@@ -160,6 +160,13 @@ bool peer_alive(const Peer& p);
 // runs on its reservation next to BE tasks on their floors, instead of
 // starving them.
 //
+// The time constant is 1 s, not less: an open-loop load is bursty, and a
+// server at 20% of the GPU (GPT-2 at 87 requests/s bursting on an H100)
+// was busy for half of some 200-ms stretches; with a 200-ms constant it was
+// stopped there, ran 3.5 times slower on its reservation, and its queue
+// grew to a p99 of 60 ms (docs/results.md, "The burst budget's time
+// constant"). Over 1 s the same load stays near its mean.
+//
 // The share is measured at the speed the task runs at, and a task stopped
 // from bursting runs slower, so it is busier: a load that is light while it
 // bursts can be heavy on the reservation alone (GPT-2 inference at 87
@@ -167,15 +174,18 @@ bool peer_alive(const Peer& p);
 // would never fall below the resume share again. So after resume_after_ns
 // stopped, the first idle pass lets it burst again, its share lowered to
 // the resume share: a task that bursts its way back to a light load keeps
-// bursting; a closed loop, busy at any speed, is stopped again within
-// tau * ln((1 - resume) / (1 - stop)) = 52 ms, one such probe per
-// resume_after_ns. 0: no time-out.
+// bursting. A closed loop, busy at any speed, is stopped again within
+// tau * ln((1 - resume) / (1 - stop)) = 0.26 s; a probe that ends so (within
+// 2 tau of its start) doubles the next time-out, up to max_resume_after_ns,
+// so a closed loop pays one such probe per 8 s once settled; any other
+// resume or stop starts again from resume_after_ns. 0: no time-out.
 struct BudgetParams {
-  std::uint64_t tau_ns = 200'000'000;
+  std::uint64_t tau_ns = 1'000'000'000;
   double stop_share = 0.5;
   double resume_share = 0.35;
-  std::uint64_t max_burst_ns = 100'000'000;
+  std::uint64_t max_burst_ns = 250'000'000;
   std::uint64_t resume_after_ns = 1'000'000'000;
+  std::uint64_t max_resume_after_ns = 8'000'000'000;
 };
 
 class BurstBudget {
@@ -186,12 +196,16 @@ class BurstBudget {
   bool may_burst() const noexcept { return allowed_; }
   double share() const noexcept { return share_; }
   std::uint64_t saturations() const noexcept { return saturations_; }
+  // The time-out before the next probe.
+  std::uint64_t resume_timeout() const noexcept { return timeout_ns_ != 0 ? timeout_ns_ : p_.resume_after_ns; }
 
  private:
   BudgetParams p_;
   std::uint64_t last_ = 0;
   std::uint64_t busy_since_ = 0;  // 0: idle
   std::uint64_t stopped_at_ = 0;  // when bursting last stopped
+  std::uint64_t probed_at_ = 0;   // when the time-out last let it burst (0: not since)
+  std::uint64_t timeout_ns_ = 0;  // the current time-out (0: resume_after_ns)
   double share_ = 0;
   bool allowed_ = true;
   bool started_ = false;
@@ -230,7 +244,7 @@ BeAction be_action(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noe
 // to burst for ever, by fault or by design, cannot stop it.
 // No resume time-out: this bound is the BE task's own, not a guess about
 // how fast the LC task would run.
-inline constexpr BudgetParams kHoldBudget{200'000'000, 0.5, 0.35, 100'000'000, 0};
+inline constexpr BudgetParams kHoldBudget{200'000'000, 0.5, 0.35, 100'000'000, 0, 0};
 
 // The floor of a BE partition: what is left of it without the LC
 // reservations on its GPU. Empty when nothing is.
