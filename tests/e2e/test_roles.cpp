@@ -43,6 +43,19 @@ class Roles : public E2E {
     if (out) *out = &p;
     return wait_ready(path("ready." + tag), p);
   }
+  // An LC task on TPCs 0-1 whose kernels stay "running" (the hold file)
+  // and which bursts for as long as a test runs; its pid once it bursts
+  // (-1, with the failure added, if it does not).
+  long start_bursting_lc(Proc** out) {
+    env_["NVTASKSET_TEST_BURST_MS"] = "600000";
+    touch(hold_);
+    const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", out);
+    if (lc <= 0) {
+      ADD_FAILURE() << (*out)->err();
+      return -1;
+    }
+    return wait_state(lc, "bursting") ? lc : -1;
+  }
   void stop(const std::string& tag, Proc& p) {
     touch(path("until." + tag));
     EXPECT_TRUE(ExitedWith(p.wait(), 0)) << p.command;
@@ -135,12 +148,9 @@ class Roles : public E2E {
 // ---- (a) a bursting LC task holds BE launches back; idle, it lends them everything ----
 
 TEST_F(Roles, BestEffortHoldsWhileTheLatencyCriticalTaskBurstsThenRunsOnAllTpcs) {
-  env_["NVTASKSET_TEST_BURST_MS"] = "600000";
-  touch(hold_);
   Proc* lcp = nullptr;
-  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp);
-  ASSERT_GT(lc, 0) << lcp->err();
-  ASSERT_TRUE(wait_state(lc, "bursting"));
+  const long lc = start_bursting_lc(&lcp);
+  ASSERT_GT(lc, 0);
 
   Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "2", "--until-file", path("until.be"),
                     "--interval-ms", "20", "--ready-file", path("ready.be")});
@@ -180,12 +190,9 @@ TEST_F(Roles, BestEffortHoldsWhileTheLatencyCriticalTaskBurstsThenRunsOnAllTpcs)
 // its floor (floor) or on all its TPCs (run) without waiting; hold, the
 // default, is the test above.
 TEST_F(Roles, BestEffortYieldsAsAskedWhileTheLatencyCriticalTaskBursts) {
-  env_["NVTASKSET_TEST_BURST_MS"] = "600000";
-  touch(hold_);
   Proc* lcp = nullptr;
-  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp);
-  ASSERT_GT(lc, 0) << lcp->err();
-  ASSERT_TRUE(wait_state(lc, "bursting"));
+  const long lc = start_bursting_lc(&lcp);
+  ASSERT_GT(lc, 0);
   for (const auto& [yield, mask] : {std::pair{"floor", on(0xfc)}, std::pair{"run", kAll}}) {
     Env env = env_;
     env["NVTASKSET_BE_YIELD"] = yield;
