@@ -89,6 +89,12 @@ MPS_BE_LOW = "mps-be-low"
 # name -> (the BE's environment beyond the roles setup's, what it is)
 ROLE_VARIANTS = {
     "roles-d16": ({BE_DEPTH_ENV: "16"}, f"BE queue of 16 launches ({BE_DEPTH_ENV}=16)"),
+    "roles-t250": ({BE_DEPTH_ENV: "256", "NVTASKSET_BE_QUEUE_US": "250"},
+                   "BE queue bounded in time: 250 us, at most 256 launches"),
+    "roles-t500": ({BE_DEPTH_ENV: "256", "NVTASKSET_BE_QUEUE_US": "500"},
+                   "BE queue bounded in time: 500 us, at most 256 launches"),
+    "roles-t1000": ({BE_DEPTH_ENV: "256", "NVTASKSET_BE_QUEUE_US": "1000"},
+                    "BE queue bounded in time: 1 ms, at most 256 launches"),
     "roles-floor": ({YIELD_ENV: "floor"}, f"BE on its floor while LC bursts ({YIELD_ENV}=floor)"),
     "roles-run": ({YIELD_ENV: "run"}, f"BE not held while LC bursts ({YIELD_ENV}=run)"),
 }

@@ -469,7 +469,11 @@ struct BeState {
   bool ring_failed = false;
   CUevent events[64] = {};
   bool recorded[64] = {};
+  std::uint64_t recorded_ns[64] = {};  // when each event was recorded (the time bound)
   std::uint64_t count = 0;
+  // NVTASKSET_BE_QUEUE_US in ns (0: none): while the oldest launch still
+  // queued was queued longer ago than this, the next launch waits for it.
+  std::uint64_t queue_ns = 0;
 };
 constinit BeState g_be{};
 
@@ -585,6 +589,28 @@ bool be_before(CUstream, bool, bool graph) {
   return a != roles::BeAction::kRun && !graph;
 }
 
+// The queue bounded in time: what an LC request arriving now waits behind
+// is the BE work queued ahead of it, and the oldest launch still queued was
+// queued about that long ago. Short kernels (GPT-2-medium's optimizer and
+// element-wise kernels) then queue deep, long ones shallow. Oldest first:
+// each event that completed is forgotten; the first that has not waits, if
+// it was queued more than queue_ns ago. Under g_be.qmu.
+void bound_in_time(unsigned newest) noexcept {
+  const auto query = g_drv.event_query.load(std::memory_order_acquire);
+  for (unsigned k = 1; k < g_be.ring; ++k) {
+    const unsigned o = (newest + k) % g_be.ring;
+    if (!g_be.recorded[o]) continue;
+    if (query(g_be.events[o]) != CUDA_ERROR_NOT_READY) {
+      g_be.recorded[o] = false;
+      continue;
+    }
+    if (roles::monotonic_ns() - g_be.recorded_ns[o] <= g_be.queue_ns) return;
+    if (ctl::Header* h = header()) bump(h->queue_waits);
+    g_drv.event_sync.load(std::memory_order_acquire)(g_be.events[o]);
+    g_be.recorded[o] = false;
+  }
+}
+
 // After a best-effort launch: at most `depth` launches queued while an LC
 // task exists. With none, the queue is the program's own: a BE task with no
 // LC task gets everything, its throughput included. (An LC task that then
@@ -611,6 +637,8 @@ void be_after(CUstream s, bool per_thread) noexcept {
           }
         }
         g_be.recorded[slot] = record(g_be.events[slot], s, per_thread) == CUDA_SUCCESS;
+        if (g_be.recorded[slot]) g_be.recorded_ns[slot] = roles::monotonic_ns();
+        if (g_be.queue_ns != 0) bound_in_time(slot);
       }
     }
   }
@@ -793,10 +821,14 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
       if (d.bad) warn("NVTASKSET_BE_DEPTH: not a number from 1 to 1024; using 4");
       g_be.bounded = g_be.yield == BeYield::kHold || option_value(Option::kBeDepth) != nullptr;
       g_be.depth = static_cast<unsigned>(d.value);
-      // One event per `stride` launches (a quarter of the depth), at most 64
-      // events: the queue is bounded to `depth` launches, give or take one
-      // stride. Every event recorded is a driver call on the launch path.
-      g_be.stride = std::max(g_be.depth / 4, (g_be.depth + 63) / 64);
+      const NumberValue q = number(Option::kBeQueueUs, 0, 1'000'000, 0);
+      if (q.bad) warn("NVTASKSET_BE_QUEUE_US: not a number from 0 to 1000000; no time bound");
+      g_be.queue_ns = q.value * 1000;
+      // One event per `stride` launches (a quarter of the depth; with a
+      // time bound, as many as fit in 64), at most 64 events: the queue is
+      // bounded to `depth` launches, give or take one stride. Every event
+      // recorded is a driver call on the launch path.
+      g_be.stride = g_be.queue_ns != 0 ? (g_be.depth + 63) / 64 : std::max(g_be.depth / 4, (g_be.depth + 63) / 64);
       if (g_be.stride == 0) g_be.stride = 1;
       g_be.ring = (g_be.depth + g_be.stride - 1) / g_be.stride;
       if (g_be.ring == 0) g_be.ring = 1;

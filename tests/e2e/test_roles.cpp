@@ -667,6 +667,42 @@ TEST_F(Roles, BestEffortKeepsAtMostDepthLaunchesQueued) {
   stop("lc", *lp);
 }
 
+// NVTASKSET_BE_QUEUE_US: the queue is also bounded in time. With the BE's
+// kernels held "running", a launch every 20 ms, room for 64 and a bound of
+// 200 ms, the task waits once its first launch was queued 200 ms ago (about
+// 10 launches), not at 64.
+TEST_F(Roles, BestEffortQueueIsBoundedInTime) {
+  Proc* lp = nullptr;
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp, true);
+  ASSERT_GT(lc, 0);
+  ASSERT_TRUE(wait_state(lc, "idle"));
+  touch(hold_);
+  Env env = env_;
+  env["NVTASKSET_BE_DEPTH"] = "64";
+  env["NVTASKSET_BE_QUEUE_US"] = "200000";
+  Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--until-file", path("until.be"), "--interval-ms",
+                    "20", "--ready-file", path("ready.be")},
+                   env);
+  ASSERT_GT(wait_ready(path("ready.be"), be), 0);
+  const auto t0 = std::chrono::steady_clock::now();
+  const nlohmann::json t =
+      wait_task(be.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 150ms) << "waited before its oldest launch was 200 ms old";
+  const std::size_t queued = records_of(be.pid).size();
+  EXPECT_GE(queued, 2u);
+  EXPECT_LE(queued, 16u) << "20 ms apart, 200 ms of queue: about 10";
+  // It stays waiting while its oldest launch runs.
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(records_of(be.pid).size(), queued);
+  EXPECT_EQ(counter(task(be.pid), "queue_waits"), 1u);
+  fs::remove(hold_);
+  wait_until([&] { return records_of(be.pid).size() > queued + 2; }, kStateWait);
+  EXPECT_GT(records_of(be.pid).size(), queued + 2) << "it went on once its launches ran";
+  stop("be", be);
+  EXPECT_EQ(be.err(), "");
+  stop("lc", *lp);
+}
+
 TEST_F(Roles, BestEffortWithNoLatencyCriticalTaskQueuesFreely) {
   // No LC task: nothing would wait behind the queue, so it is not bounded
   // (a BE task alone gets everything, its throughput too). The same launches

@@ -34,6 +34,7 @@ enum class Option : unsigned {
   kBeDepth,          // NVTASKSET_BE_DEPTH
   kTestBurstMs,      // NVTASKSET_TEST_BURST_MS (tests)
   kBeYield,          // NVTASKSET_BE_YIELD
+  kBeQueueUs,        // NVTASKSET_BE_QUEUE_US
 };
 
 enum class OptionKind { kChoice, kPath, kInternal, kNumber };
@@ -95,6 +96,10 @@ inline constexpr OptionDesc kOptions[] = {
     {Option::kBeYield, "NVTASKSET_BE_YIELD", OptionKind::kChoice, "hold|floor|run", true,
      "what a --best-effort task's launches do while a latency-critical task bursts: wait for it, go on the TPCs "
      "outside its reservation, or go on as if it were idle"},
+    {Option::kBeQueueUs, "NVTASKSET_BE_QUEUE_US", OptionKind::kNumber, "0-1000000, default 0", true,
+     "while a latency-critical task exists, a --best-effort task's next launch also waits while its oldest "
+     "launch still queued was queued more than this many microseconds ago (0: no such bound; "
+     "NVTASKSET_BE_DEPTH stays the most launches queued)"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }
