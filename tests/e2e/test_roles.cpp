@@ -56,6 +56,18 @@ class Roles : public E2E {
     }
     return wait_state(lc, "bursting") ? lc : -1;
   }
+  // An LC task on TPCs 0-1 that launched once and is idle; from then on
+  // every kernel launched keeps "running" (the hold file), so a BE task's
+  // queue fills. Its pid (-1, with the failure added, if it did not start).
+  long start_idle_lc_then_hold(Proc** out) {
+    const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", out, true);
+    if (lc <= 0 || !wait_state(lc, "idle")) {
+      ADD_FAILURE() << "the idle LC task did not start";
+      return -1;
+    }
+    touch(hold_);
+    return lc;
+  }
   void stop(const std::string& tag, Proc& p) {
     touch(path("until." + tag));
     EXPECT_TRUE(ExitedWith(p.wait(), 0)) << p.command;
@@ -623,11 +635,7 @@ TEST_F(Roles, BurstTakesBackTheTpcsOfAKilledPlainTask) {
 
 TEST_F(Roles, BestEffortKeepsAtMostDepthLaunchesQueued) {
   Proc* lp = nullptr;
-  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp, true);
-  ASSERT_GT(lc, 0);
-  ASSERT_TRUE(wait_state(lc, "idle"));
-  // From now on the BE task's own kernels keep "running": its queue fills.
-  touch(hold_);
+  ASSERT_GT(start_idle_lc_then_hold(&lp), 0);
   Env env = env_;
   env["NVTASKSET_BE_DEPTH"] = "4";
   Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "10"}, env);
@@ -673,10 +681,7 @@ TEST_F(Roles, BestEffortKeepsAtMostDepthLaunchesQueued) {
 // 10 launches), not at 64.
 TEST_F(Roles, BestEffortQueueIsBoundedInTime) {
   Proc* lp = nullptr;
-  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp, true);
-  ASSERT_GT(lc, 0);
-  ASSERT_TRUE(wait_state(lc, "idle"));
-  touch(hold_);
+  ASSERT_GT(start_idle_lc_then_hold(&lp), 0);
   Env env = env_;
   env["NVTASKSET_BE_DEPTH"] = "64";
   env["NVTASKSET_BE_QUEUE_US"] = "200000";
