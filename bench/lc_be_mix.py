@@ -79,8 +79,8 @@ BE_ROLE_ALONE = "be-alone-role"
 # The roles' other ways for the BE task to make way (issue 22: "evaluate launch pacing"), each a
 # setup named in --setups: a deeper BE queue, and NVTASKSET_BE_YIELD's floor and run. Since
 # nvtaskset sets CUDA_MPS_CLIENT_PRIORITY by role, every roles setup runs its BE at below-normal
-# priority; mps-be-low is plain MPS with the BE client so (the hardware then starts an LC
-# kernel's blocks before those of BE kernels already queued).
+# priority; mps-be-low is plain MPS with the BE client so (the GPU then prefers the LC's waiting
+# blocks to the BE's).
 PRIO_ENV, YIELD_ENV = "CUDA_MPS_CLIENT_PRIORITY", "NVTASKSET_BE_YIELD"
 # A --best-effort task's launches in flight while an LC task exists (nvtaskset's options.hpp:
 # 1-1024, default 4); --be-depth sets it for every roles setup's BE.
