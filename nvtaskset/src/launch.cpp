@@ -13,10 +13,13 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
+#include <string_view>
 
 #include "command.hpp"
 #include "nvtaskset/claim.hpp"
@@ -145,6 +148,20 @@ constexpr const char* kClientPriorityEnv = "CUDA_MPS_CLIENT_PRIORITY";
 
 // The MPS client priority of a task with a role.
 const char* client_priority(roles::Role r) noexcept { return r == roles::Role::kBestEffort ? "1" : "0"; }
+
+// The entry NAME=VALUE of variable `name` in `env`, or env.end().
+auto entry_of(auto& env, std::string_view name) {
+  return std::find_if(env.begin(), env.end(), [name](const std::string& e) {
+    return e.size() > name.size() && e.compare(0, name.size(), name) == 0 && e[name.size()] == '=';
+  });
+}
+
+// The value of variable `name` in `env`, if set.
+std::optional<std::string_view> variable(const std::vector<std::string>& env, std::string_view name) {
+  const auto e = entry_of(env, name);
+  if (e == env.end()) return std::nullopt;
+  return std::string_view(*e).substr(name.size() + 1);
+}
 
 // --env-for's output: each variable the task environment adds or changes,
 // as NAME=VALUE, one a line (a value with a newline cannot be printed so).
@@ -279,13 +296,6 @@ int launch(const Options& o, const Requests& rq, const std::vector<std::string>&
   // 4. Deliver: the partition and the role in the task's environment.
   TaskRole tr;
   tr.role = o.role;
-  if (o.role != roles::Role::kNone && !o.no_mps)
-    for (const std::string& e : env)
-      if (e.starts_with(std::string(kClientPriorityEnv) + "=") &&
-          e.substr(std::strlen(kClientPriorityEnv) + 1) != client_priority(o.role))
-        spdlog::warn("{} replaced by {}={}: a {} task is a{} MPS client", printable(e, 80), kClientPriorityEnv,
-                     client_priority(o.role), roles::role_name(o.role),
-                     o.role == roles::Role::kBestEffort ? " below-normal priority" : " normal priority");
   if (o.role == roles::Role::kLatencyCritical) {
     // What it may burst onto: every working TPC of each of its GPUs (the
     // shim takes away what other partitions hold, as they come and go).
@@ -296,6 +306,12 @@ int launch(const Options& o, const Requests& rq, const std::vector<std::string>&
   }
   const std::vector<std::string> task_env = task_environment(
       env, shim_dir, encode_partitions(entry(chosen)), devices.driver_path(), o.partition_sm_count, !o.no_mps, tr, holder);
+  // A client priority of the user's that the role replaced (task_environment) is said.
+  const std::optional<std::string_view> asked = variable(env, kClientPriorityEnv);
+  if (const std::optional<std::string_view> set = variable(task_env, kClientPriorityEnv); asked && set && *asked != *set)
+    spdlog::warn("{}={} replaced by {}={}: a {} task is a{} MPS client", kClientPriorityEnv, printable(*asked, 80),
+                 kClientPriorityEnv, *set, roles::role_name(o.role),
+                 o.role == roles::Role::kBestEffort ? " below-normal priority" : " normal priority");
   if (env_mode) {
     print_environment(env, task_env);
     return 0;
@@ -327,9 +343,8 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
                                           bool partition_sm_count, bool mps_client, const TaskRole& role,
                                           pid_t partition_pid) {
   auto find = [&](const std::string& name) -> std::string* {
-    for (auto& e : env)
-      if (e.size() > name.size() && e.compare(0, name.size(), name) == 0 && e[name.size()] == '=') return &e;
-    return nullptr;
+    const auto e = entry_of(env, name);
+    return e == env.end() ? nullptr : &*e;
   };
   auto set = [&](const std::string& name, const std::string& value) {
     if (std::string* e = find(name)) *e = name + "=" + value;
@@ -378,6 +393,17 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   } else {
     set("ASAN_OPTIONS", "verify_asan_link_order=0");
   }
+  // Under MPS a best-effort task is a below-normal priority client and a
+  // latency-critical one a normal one: MPS's client priority is a stream
+  // priority, by which the GPU prefers the higher-priority work's blocks
+  // when both wait for an SM. On an H100 this took the LC task's p99 next
+  // to GPT-2-medium training from 1.88x to 1.58x of alone at 44 requests/s,
+  // and from 2.45x to 1.74x at 87, at the same training throughput
+  // (docs/results.md, "MPS client priority"); it did not shorten the wait
+  // behind BE matmuls that hold their SMs for the whole kernel (run 33). The
+  // role decides it: a user's value is replaced (launch() says so). Outside
+  // MPS, contexts time-slice and the priority means nothing.
+  if (mps_client && role.role != roles::Role::kNone) set(kClientPriorityEnv, client_priority(role.role));
   // An MPS client's kernels share 2 hardware queues by default, so its
   // streams falsely wait for each other: it gets a plain process's 8 kernel
   // queues. Copy queues cost an MPS client start-up time, one by one, and 2
@@ -387,17 +413,6 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   // queues too, as in CUDA. Outside MPS, CUDA's default already behaves like
   // 8 kernel and 4 copy queues, so a --no-mps task is left as it is: it
   // starts and runs as the same program would alone.
-  // Under MPS a best-effort task is a below-normal priority client and a
-  // latency-critical one a normal one: MPS's client priority is a stream
-  // priority, by which the GPU prefers the higher-priority work's blocks
-  // when both wait for an SM. On an H100 this took the LC task's p99 next to GPT-2-medium
-  // training from 1.88x to 1.58x of alone at 44 requests/s, and from 2.45x
-  // to 1.74x at 87, at the same training throughput (docs/results.md, "MPS
-  // client priority"); it did not shorten the wait behind BE matmuls that
-  // hold their SMs for the whole kernel, run 33). The role decides it: a user's value is replaced
-  // (launch() says so). Outside MPS, contexts time-slice and the priority
-  // means nothing.
-  if (mps_client && role.role != roles::Role::kNone) set(kClientPriorityEnv, client_priority(role.role));
   if (mps_client) {
     const bool chose_connections = find(kConnectionsEnv) != nullptr;
     const bool chose_copy = find(kCopyConnectionsEnv) != nullptr;

@@ -637,8 +637,10 @@ void be_after(CUstream s, bool per_thread) noexcept {
           }
         }
         g_be.recorded[slot] = record(g_be.events[slot], s, per_thread) == CUDA_SUCCESS;
-        if (g_be.recorded[slot]) g_be.recorded_ns[slot] = roles::monotonic_ns();
-        if (g_be.queue_ns != 0) bound_in_time(slot);
+        if (g_be.queue_ns != 0) {
+          g_be.recorded_ns[slot] = roles::monotonic_ns();
+          bound_in_time(slot);
+        }
       }
     }
   }
