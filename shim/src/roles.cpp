@@ -462,7 +462,7 @@ struct BeState {
   pthread_mutex_t qmu = PTHREAD_MUTEX_INITIALIZER;
   unsigned depth = 4, stride = 1, ring = 4;  // configure() sets them
   // NVTASKSET_BE_YIELD; and whether the queue is bounded at all (hold, or a
-  // depth asked for).
+  // depth or a time bound asked for).
   BeYield yield = BeYield::kHold;
   bool bounded = true;
   CUcontext ctx = nullptr;
@@ -821,11 +821,12 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
       g_be.yield = y.value;
       const NumberValue d = number(Option::kBeDepth, 1, 1024, kDefaultBeDepth);
       if (d.bad) warn("NVTASKSET_BE_DEPTH: not a number from 1 to 1024; using 4");
-      g_be.bounded = g_be.yield == BeYield::kHold || option_value(Option::kBeDepth) != nullptr;
       g_be.depth = static_cast<unsigned>(d.value);
       const NumberValue q = number(Option::kBeQueueUs, 0, 1'000'000, 0);
       if (q.bad) warn("NVTASKSET_BE_QUEUE_US: not a number from 0 to 1000000; no time bound");
       g_be.queue_ns = q.value * 1000;
+      // Bounded under hold, or when a bound was asked for.
+      g_be.bounded = g_be.yield == BeYield::kHold || option_value(Option::kBeDepth) != nullptr || g_be.queue_ns != 0;
       // One event per `stride` launches (a quarter of the depth; with a
       // time bound, as many as fit in 64), at most 64 events: the queue is
       // bounded to `depth` launches, give or take one stride. Every event

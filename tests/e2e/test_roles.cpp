@@ -705,6 +705,19 @@ TEST_F(Roles, BestEffortQueueIsBoundedInTime) {
   EXPECT_GT(records_of(be.pid).size(), queued + 2) << "it went on once its launches ran";
   stop("be", be);
   EXPECT_EQ(be.err(), "");
+
+  // NVTASKSET_BE_YIELD=floor bounds no queue by itself, but a time bound
+  // asked for is one: the queue is bounded (at the default 4 launches).
+  touch(hold_);
+  env.erase("NVTASKSET_BE_DEPTH");
+  env["NVTASKSET_BE_YIELD"] = "floor";
+  Proc& fl = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "10"}, env);
+  const nlohmann::json tf =
+      wait_task(fl.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
+  EXPECT_LE(records_of(fl.pid).size(), 5u) << tf.dump();
+  fs::remove(hold_);
+  EXPECT_TRUE(ExitedWith(fl.wait(), 0));
+  EXPECT_EQ(records_of(fl.pid).size(), 10u);
   stop("lc", *lp);
 }
 
