@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "nvtaskset/partition.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdio>
 #include <stdexcept>
@@ -157,6 +158,63 @@ std::vector<DevicePartition> decode_partitions(std::string_view text) {
     for (const auto& prev : out)
       if (prev.device == dp.device) throw std::invalid_argument("device given twice");
     out.push_back(dp);
+  }
+  return out;
+}
+
+std::uint32_t hostable_cluster(const ClusterMap& m, const Bits128& set) noexcept {
+  std::uint32_t best = (set & m.capable.bits).any() ? 2 : 1;
+  for (const ClusterMap::Gpc& g : m.gpcs) {
+    std::uint32_t sms = 2 * (set & g.capable.bits).count();
+    if (g.max_cluster != 0) sms = std::min(sms, g.max_cluster);
+    best = std::max(best, sms);
+  }
+  return best;
+}
+
+std::string encode_cluster_maps(const std::vector<ClusterMap>& maps) {
+  std::string out;
+  for (const ClusterMap& m : maps) {
+    if (!out.empty()) out += ';';
+    out += m.device == kAnyDevice ? std::string("*") : uuid_to_string(m.device);
+    out += ':' + m.capable.bits.to_hex();
+    for (const ClusterMap::Gpc& g : m.gpcs) out += ':' + g.capable.bits.to_hex() + '/' + std::to_string(g.max_cluster);
+  }
+  return out;
+}
+
+std::vector<ClusterMap> decode_cluster_maps(std::string_view text) {
+  std::vector<ClusterMap> out;
+  if (text.empty()) return out;
+  const std::vector<std::string_view> entries = split(text, ';');
+  if (entries.size() > ctl::kMaxDevices)
+    throw std::invalid_argument("more than " + std::to_string(ctl::kMaxDevices) + " cluster maps");
+  for (std::string_view entry : entries) {
+    const auto f = split(entry, ':');
+    if (f.size() < 2 || f.size() > 2 + kMaxMapGpcs)
+      throw std::invalid_argument("bad cluster map '" + std::string(entry.substr(0, 80)) + "'");
+    ClusterMap m;
+    if (f[0] != "*") {
+      auto u = uuid_from_string(f[0]);
+      if (!u) throw std::invalid_argument("bad device '" + std::string(f[0].substr(0, 80)) + "'");
+      m.device = *u;
+    }
+    m.capable.bits = parse_hex128(f[1]);
+    for (std::size_t i = 2; i < f.size(); ++i) {
+      const auto g = split(f[i], '/');
+      if (g.size() != 2) throw std::invalid_argument("bad GPC '" + std::string(f[i].substr(0, 80)) + "'");
+      ClusterMap::Gpc gpc;
+      gpc.capable.bits = parse_hex128(g[0]);
+      gpc.max_cluster = parse_uint(g[1]);
+      // A GPC's capable TPCs are capable TPCs, and a cluster runs on one
+      // GPC's SMs, so no more than a mask's TPCs have.
+      if ((gpc.capable.bits & ~m.capable.bits).any() || gpc.max_cluster > 2 * Bits128::kSize)
+        throw std::invalid_argument("impossible GPC '" + std::string(f[i].substr(0, 80)) + "'");
+      m.gpcs.push_back(gpc);
+    }
+    for (const ClusterMap& prev : out)
+      if (prev.device == m.device) throw std::invalid_argument("device given twice");
+    out.push_back(std::move(m));
   }
   return out;
 }

@@ -304,6 +304,15 @@ int launch(const Options& o, const Requests& rq, const std::vector<std::string>&
       pool.push_back({c.dev->uuid, planner::whole_gpu(devices.topology(*c.dev)), planner::describe_device(*c.dev)});
     tr.burst_pool = encode_partitions(pool);
   }
+  if (o.role == roles::Role::kBestEffort) {
+    // Which of its floor's TPCs host clusters together: the shim keeps a
+    // clustered kernel on the floor only where it fits (roles.cpp, adjust).
+    std::vector<ClusterMap> maps;
+    for (const Choice& c : chosen)
+      if (const topo::Topology* t = devices.known_topology(*c.dev))
+        if (auto m = planner::cluster_map_of(*t, c.dev->uuid)) maps.push_back(std::move(*m));
+    tr.cluster_map = encode_cluster_maps(maps);
+  }
   const std::vector<std::string> task_env = task_environment(
       env, shim_dir, encode_partitions(entry(chosen)), devices.driver_path(), o.partition_sm_count, !o.no_mps, tr, holder);
   // A client priority of the user's that the role replaced (task_environment) is said.
@@ -353,7 +362,7 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   set(kPartitionEnv, partitions);
   set(kPartitionPidEnv, std::to_string(partition_pid != 0 ? partition_pid : ::getpid()));  // exec keeps our PID
   std::erase_if(env, [](const std::string& e) {
-    for (const Option o : {Option::kRole, Option::kBurstPool}) {
+    for (const Option o : {Option::kRole, Option::kBurstPool, Option::kClusterMap}) {
       const std::string name = std::string(option(o).name) + "=";
       if (e.starts_with(name)) return true;
     }
@@ -361,6 +370,7 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   });
   if (role.role != roles::Role::kNone) set(option(Option::kRole).name, roles::role_name(role.role));
   if (!role.burst_pool.empty()) set(option(Option::kBurstPool).name, role.burst_pool);
+  if (!role.cluster_map.empty()) set(option(Option::kClusterMap).name, role.cluster_map);
   // Prepend, never overwrite: the task may need its own library path.
   if (std::string* e = find("LD_LIBRARY_PATH"); e && e->size() > std::strlen("LD_LIBRARY_PATH=")) {
     *e = "LD_LIBRARY_PATH=" + shim_dir + ":" + e->substr(std::strlen("LD_LIBRARY_PATH="));

@@ -289,8 +289,8 @@ int print_status(Devices& devices, bool json) {
                       {"floor_skipped", r64(h.floor_skipped)}};
         if (r64(h.floor_skipped) != 0 && (i == 0 || rows[i - 1].e->pid != pid))
           notes.push_back("pid " + std::to_string(pid) + " ran " + std::to_string(r64(h.floor_skipped)) +
-                          " kernels with thread-block clusters on its whole partition while a latency-critical "
-                          "task was busy (its floor may not host their clusters)");
+                          " kernels on its whole partition while a latency-critical task was busy: their "
+                          "thread-block clusters do not fit its floor (or its floor was empty)");
       }
     }
     const ctl::DriverUse& u = use[pid];

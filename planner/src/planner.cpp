@@ -234,6 +234,24 @@ void check_roles(roles::Role role, const std::vector<Choice>& chosen, const Shar
   }
 }
 
+std::optional<ClusterMap> cluster_map_of(const topo::Topology& t, const DeviceUuid& device) {
+  if (!t.device.has_clusters() || !t.gpcs_known() || !t.bits_known()) return std::nullopt;
+  ClusterMap m;
+  m.device = device;
+  LogicalTpcSet capable;
+  for (const topo::TpcInfo& tpc : t.tpcs)
+    if (tpc.cluster_capable) capable.insert(tpc.id);
+  if (!capable.empty()) m.capable = topo::to_physical(t, capable);
+  for (const topo::GpcInfo& g : t.gpcs) {
+    if (m.gpcs.size() == kMaxMapGpcs) return std::nullopt;
+    LogicalTpcSet in;
+    for (LogicalTpcId tpc : g.tpcs)
+      if (capable.contains(tpc)) in.insert(tpc);
+    m.gpcs.push_back({in.empty() ? PhysicalTpcMask{} : topo::to_physical(t, in), g.max_cluster});
+  }
+  return m;
+}
+
 Partition whole_gpu(const topo::Topology& t) {
   Partition whole;
   whole.kind = SpecKind::kTpcList;

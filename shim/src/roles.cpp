@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -112,14 +113,24 @@ CUresult record(CUevent ev, CUstream s, bool per_thread) noexcept {
 
 // ---- what the callback reads: one seqlocked mask per region slot ---------------------
 
+// A best-effort slot's floor, beside the reservations: the partition it
+// was worked out for, and the largest thread-block cluster it hosts (SMs of
+// one GPC; 0: not known, so no clustered kernel goes on it).
+struct FloorHosts {
+  Bits128 partition;
+  std::uint32_t max_cluster = 0;
+};
+
 struct SlotMask {
   std::atomic<std::uint64_t> seq;
   std::atomic<std::uint64_t> lo, hi;
   std::atomic<std::uint32_t> valid;
+  std::atomic<std::uint64_t> for_lo, for_hi;
+  std::atomic<std::uint32_t> floor_cluster;
 };
 constinit SlotMask g_mask[ctl::kMaxDevices]{};
 
-void store_mask(unsigned slot, const Bits128& m, bool valid) noexcept {
+void store_mask(unsigned slot, const Bits128& m, bool valid, const FloorHosts& f = {}) noexcept {
   SlotMask& s = g_mask[slot];
   const std::uint64_t q = s.seq.load(std::memory_order_relaxed);
   s.seq.store(q | 1, std::memory_order_relaxed);
@@ -127,22 +138,30 @@ void store_mask(unsigned slot, const Bits128& m, bool valid) noexcept {
   s.lo.store(m.lo, std::memory_order_relaxed);
   s.hi.store(m.hi, std::memory_order_relaxed);
   s.valid.store(valid ? 1 : 0, std::memory_order_relaxed);
+  s.for_lo.store(f.partition.lo, std::memory_order_relaxed);
+  s.for_hi.store(f.partition.hi, std::memory_order_relaxed);
+  s.floor_cluster.store(f.max_cluster, std::memory_order_relaxed);
   s.seq.store((q | 1) + 1, std::memory_order_release);
 }
 
 // False when the slot holds nothing, or no consistent copy was had within
 // ctl::kReadTries (a writer publishes in nanoseconds).
-bool load_mask(unsigned slot, Bits128& m) noexcept {
+bool load_mask(unsigned slot, Bits128& m, FloorHosts* f = nullptr) noexcept {
   const SlotMask& s = g_mask[slot];
-  std::uint64_t lo = 0, hi = 0;
+  std::uint64_t lo = 0, hi = 0, flo = 0, fhi = 0;
+  std::uint32_t fc = 0;
   bool valid = false;
   if (!seqlock::read(s.seq, [&]() noexcept {
         lo = s.lo.load(std::memory_order_relaxed);
         hi = s.hi.load(std::memory_order_relaxed);
         valid = s.valid.load(std::memory_order_relaxed) == 1;
+        flo = s.for_lo.load(std::memory_order_relaxed);
+        fhi = s.for_hi.load(std::memory_order_relaxed);
+        fc = s.floor_cluster.load(std::memory_order_relaxed);
       }))
     return false;
   m = {lo, hi};
+  if (f != nullptr) *f = {{flo, fhi}, fc};
   return valid;
 }
 
@@ -450,6 +469,8 @@ constexpr unsigned kDefaultBeDepth = 4;
 struct BeState {
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;  // peers, floors, budget
   std::vector<roles::Peer>* peers = nullptr;
+  // Which TPCs of each GPU host clusters together (NVTASKSET_CLUSTER_MAP).
+  std::vector<ClusterMap>* maps = nullptr;
   // Whether any LC task was seen at the last refresh: with none, the queue is
   // not bounded (nothing would wait behind it), and the task gets everything.
   std::atomic<bool> any_lc{false};
@@ -476,6 +497,23 @@ struct BeState {
   std::uint64_t queue_ns = 0;
 };
 constinit BeState g_be{};
+
+// The largest cluster a floor of slot `sp` hosts (0: not known): by the
+// map of its GPU; on a slot for any GPU, the least any map allows.
+std::uint32_t floor_cluster(const SlotPartition& sp, const Bits128& floor) noexcept {
+  std::uint32_t best = 0;
+  bool first = true;
+  for (const ClusterMap& m : *g_be.maps) {
+    if (sp.uuid == kAnyDevice) {
+      const std::uint32_t h = hostable_cluster(m, floor);
+      best = first ? h : std::min(best, h);
+      first = false;
+    } else if (m.device == sp.uuid || m.device == kAnyDevice) {
+      return hostable_cluster(m, floor);
+    }
+  }
+  return best;
+}
 
 // Beacons of new LC tasks and the liveness of known ones, at most every few
 // milliseconds; the floor of each slot when either or the partition changed.
@@ -521,7 +559,7 @@ void be_refresh(std::uint64_t now) {
         reserved = reserved | roles::reserved_on(*p.beacon, u);
       }
     }
-    store_mask(sp.slot, reserved, true);
+    store_mask(sp.slot, reserved, true, {sp.enabled, floor_cluster(sp, roles::floor_of(sp.enabled, reserved))});
   }
 }
 
@@ -815,6 +853,17 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
       if (const char* v = option_value(Option::kBurstPool)) *g_lc.pool = decode_partitions(v);
     } else {
       g_be.peers = new std::vector<roles::Peer>();
+      g_be.maps = new std::vector<ClusterMap>();
+      if (const char* v = option_value(Option::kClusterMap)) {
+        try {
+          *g_be.maps = decode_cluster_maps(v);
+        } catch (const std::invalid_argument& e) {
+          warn((std::string("NVTASKSET_CLUSTER_MAP: ") + e.what() +
+                "; kernels with thread-block clusters run on the whole partition while a latency-critical task is "
+                "busy")
+                   .c_str());
+        }
+      }
       g_be.hold_budget = new roles::BurstBudget(budget_params(roles::kHoldBudget));
       const Choice<BeYield> y = choice_of<Option::kBeYield>();
       if (y.unknown) warn("NVTASKSET_BE_YIELD: not hold, floor or run; using hold");
@@ -889,14 +938,18 @@ void adjust(unsigned slot, Bits128& enabled, std::uint32_t cluster_blocks) noexc
     }
     case Role::kBestEffort: {
       if (g_floor_users.load(std::memory_order_acquire) == 0) return;
-      if (cluster_blocks > 1) {
-        if (ctl::Header* h = header()) bump(h->floor_skipped);
-        return;
-      }
       Bits128 reserved;
-      if (!load_mask(slot, reserved)) return;
+      FloorHosts f;
+      if (!load_mask(slot, reserved, &f)) return;
       const Bits128 floor = roles::floor_of(enabled, reserved);
-      if (floor.any()) enabled = floor;
+      // A kernel with clusters goes on the floor only where the floor hosts
+      // them (a misfit would wait for ever, docs/hardware.md): bf16 cuBLAS
+      // matmuls launch clusters of 2 and 4 on an H100, so most of a
+      // training step's time is clustered kernels. The limit counts only
+      // for the partition it was worked out for (a -p since: not known).
+      const bool fits = cluster_blocks <= 1 ||
+                        (f.max_cluster != 0 && f.partition == enabled && cluster_blocks <= f.max_cluster);
+      if (floor.any() && fits) enabled = floor;
       else if (ctl::Header* h = header()) bump(h->floor_skipped);
       return;
     }

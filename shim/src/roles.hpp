@@ -54,8 +54,10 @@ void after_graph_launch(std::uint64_t token, CUstream s, bool per_thread) noexce
 // The launch callback: the mask for a kernel of the entry in `slot` whose
 // partition is `enabled`, with clusters of `cluster_blocks` (0: none).
 // Lock-free, allocation-free, no system call. A best-effort kernel with
-// clusters is not moved to the floor, which may not host its clusters (its
-// kernel would wait for ever); it is counted (floor_skipped) instead.
+// clusters goes on the floor only where the floor hosts them (worked out
+// when the floor changes, from NVTASKSET_CLUSTER_MAP); one it does not host
+// would wait for ever there, so it runs on the whole partition and is
+// counted (floor_skipped).
 void adjust(unsigned slot, Bits128& enabled, std::uint32_t cluster_blocks) noexcept;
 
 // In a fork child: the parent's controller thread and beacon are not the

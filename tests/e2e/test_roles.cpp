@@ -277,6 +277,87 @@ TEST_F(Roles, SaturatedLatencyCriticalTaskRunsOnItsReservation) {
   stop("lc", *lcp);
 }
 
+// A saturated LC task's reservation holds for a BE task's clustered
+// kernels too. A kernel with clusters of C blocks runs only where C SMs of
+// one GPC are in its mask (docs/hardware.md), and bf16 cuBLAS matmuls launch
+// clusters of 2 and 4 on an H100, so a BE task that kept every clustered
+// kernel off its floor trained mostly on the LC task's TPCs. It goes on the
+// floor where the floor hosts its clusters; a larger one runs on the whole
+// partition and is counted (it would never run on the floor).
+// Hopper layout (TopologyFile): GPC 0 = TPCs 0,2,4,6 (clusters up to 8),
+// GPC 1 = 1,3,5 (up to 4), TPC 7 of no GPC. LC -t 0,2 leaves the floor
+// 1,3-7: clusters of at most 4 (TPCs 4,6 of GPC 0; 1,3,5 capped at 4).
+TEST_F(Roles, SaturatedLatencyCriticalTaskKeepsClusteredBestEffortKernelsOnTheFloorThatHostsThem) {
+  env_["FAKECUDA_CC"] = "9.0";
+  const std::string topo = path("topology.json");
+  std::ofstream(topo) << hopper_topology_json();
+  touch(hold_);
+  Proc* lcp = nullptr;
+  const long lc = start_task({"--topology-file", topo, "-t", "0,2", "--latency-critical"}, "lc", &lcp);
+  ASSERT_GT(lc, 0) << lcp->err();
+  ASSERT_TRUE(wait_state(lc, "saturated"));
+  auto be = [&](unsigned cluster) {
+    const Result r = run({kCli, "--no-mps", "--topology-file", topo, "--best-effort", kGraphLauncher, "--mode",
+                          "eager", "--cluster", std::to_string(cluster), "--nodes", "1", "--replays", "2"},
+                         env_);
+    EXPECT_TRUE(ExitedWith(r, 0)) << r;
+    const long pid = printed_pid(r.out);
+    EXPECT_EQ(r.err.find("NVTASKSET_CLUSTER_MAP"), std::string::npos) << r.err;
+    return records_of(pid);
+  };
+  const std::string floor = hopper_disable({1, 3, 4, 5, 6, 7});
+  EXPECT_TRUE(AllOn(be(2), floor)) << "clusters of 2";
+  EXPECT_TRUE(AllOn(be(4), floor)) << "clusters of 4";
+  // Clusters of 8 fit only GPC 0 whole: not on the floor.
+  EXPECT_TRUE(AllOn(be(8), hopper_disable({0, 1, 2, 3, 4, 5, 6, 7}))) << "clusters of 8";
+  ASSERT_EQ(state(task(lc)), "saturated") << "the LC task stopped being saturated during the test";
+  // --status counts such kernels and says so.
+  const std::string until = path("until.be"), ready = path("ready.be");
+  Proc& bep = start({kCli, "--no-mps", "--topology-file", topo, "--best-effort", kGraphLauncher, "--mode", "eager",
+                     "--cluster", "8", "--nodes", "1", "--until-file", until, "--ready-file", ready},
+                    env_);
+  const long be8 = wait_ready(ready, bep);
+  ASSERT_GT(be8, 0) << bep.err();
+  wait_task(be8, [](const nlohmann::json& t) { return counter(t, "floor_skipped") >= 1; }, "floor_skipped >= 1");
+  const Result st = run({kCli, "--status"});
+  EXPECT_NE(st.out.find("pid " + std::to_string(be8) + " ran "), std::string::npos) << st.out;
+  EXPECT_NE(st.out.find("their thread-block clusters do not fit its floor"), std::string::npos) << st.out;
+  fs::remove(hold_);
+  touch(until);
+  EXPECT_TRUE(ExitedWith(bep.wait(), 0)) << bep.command;
+  stop("lc", *lcp);
+}
+
+// What the CLI hands a BE task for that (NVTASKSET_CLUSTER_MAP): each GPC's
+// cluster-capable TPCs as mask bits, and the largest cluster it ran; for a
+// BE task only, and never inherited from the caller's environment.
+TEST_F(Roles, BestEffortTaskIsHandedItsGpusClusterLayout) {
+  env_["FAKECUDA_CC"] = "9.0";
+  const std::string topo = path("topology.json");
+  std::ofstream(topo) << hopper_topology_json();
+  Proc& holder = start({"/bin/sleep", "60"});
+  Env env = env_;
+  env["NVTASKSET_CLUSTER_MAP"] = "*:0x1";  // the caller's: never passed on
+  const Result be = run({kCli, "--no-mps", "--topology-file", topo, "--env-for", std::to_string(holder.pid),
+                         "--best-effort", "-t", "0-7"},
+                        env);
+  ASSERT_TRUE(ExitedWith(be, 0)) << be;
+  std::string map = "(unset)";
+  for (const std::string& l : lines_of(be.out))
+    if (l.starts_with("NVTASKSET_CLUSTER_MAP=")) map = l.substr(std::strlen("NVTASKSET_CLUSTER_MAP="));
+  // Capable: TPCs 0-6 (bits 9,3,70,12,100,5,64); GPC 0 = TPCs 0,2,4,6, GPC 1 = 1,3,5.
+  EXPECT_EQ(map, kStandInUuid + ":0x10000000410000000000001228:0x10000000410000000000000200/8:0x1028/4");
+  holder.kill_group();
+  holder.wait();
+  Proc& holder2 = start({"/bin/sleep", "60"});
+  const Result lc = run({kCli, "--no-mps", "--topology-file", topo, "--env-for", std::to_string(holder2.pid),
+                         "--latency-critical", "-t", "0"},
+                        env_);
+  EXPECT_TRUE(ExitedWith(lc, 0)) << lc;
+  EXPECT_EQ(lc.out.find("NVTASKSET_CLUSTER_MAP"), std::string::npos) << lc.out;
+  holder2.kill_group();
+}
+
 // A CUDA graph's kernels keep the mask they were encoded with until the
 // graph is encoded again (docs/hardware.md), so an LC task's graphs must be
 // re-encoded when its controller stops or resumes its burst. Before this was

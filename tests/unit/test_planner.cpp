@@ -9,8 +9,11 @@
 #include <gtest/gtest.h>
 
 #include <map>
+#include <random>
+#include <set>
 
 #include "nvtaskset/idlist.hpp"
+#include "nvtaskset/topology_json.hpp"
 #include "test_topology_fixtures.hpp"
 
 namespace nvtaskset::planner {
@@ -286,6 +289,81 @@ TEST_F(PlannerTest, RolesKeepABestEffortFloor) {
             "latency-critical tasks are busy");
   EXPECT_EQ(refused(roles::Role::kLatencyCritical, {5, 6}), "");
   EXPECT_EQ(refused(roles::Role::kNone, {4, 5}), "");
+}
+
+// A best-effort task's shim decides which clustered kernels its floor hosts
+// from the map the CLI hands it (NVTASKSET_CLUSTER_MAP), over mask bits and
+// without the topology: it must answer what the topology's own rule
+// (topo::largest_hostable_cluster, what -p checks against) answers, for any
+// floor. Checked on the layout calibrated on an H100 (striped logical
+// numbers, TPCs of unknown GPC, GPCs that ran clusters of 16, 12 and 8)
+// and on the H200 model.
+TEST(ClusterMapTest, HostsWhatTheTopologyHostsForAnySet) {
+  const topo::Topology h100 =
+      topo::load_topology_file(std::string(NVTASKSET_TEST_DATA_DIR) + "/topology/h100_measured.json").at(0);
+  std::mt19937 rng(22);
+  for (const topo::Topology& t : {h100, h200_topology()}) {
+    const std::optional<ClusterMap> m = cluster_map_of(t, t.device.uuid);
+    ASSERT_TRUE(m.has_value());
+    EXPECT_EQ(m->gpcs.size(), t.gpcs.size());
+    // Whole GPU, single TPCs, whole GPCs, and random sets of every density.
+    std::vector<LogicalTpcSet> sets{topo::all_tpcs(t)};
+    for (unsigned k = 0; k < t.tpcs.size(); ++k) sets.push_back(tpc_set({k}));
+    for (const topo::GpcInfo& g : t.gpcs) {
+      LogicalTpcSet s;
+      for (LogicalTpcId k : g.tpcs) s.insert(k);
+      sets.push_back(s);
+    }
+    for (int i = 0; i < 400; ++i) {
+      LogicalTpcSet s;
+      const unsigned keep = 1 + rng() % 100;
+      for (unsigned k = 0; k < t.tpcs.size(); ++k)
+        if (rng() % 100 < keep) s.insert(LogicalTpcId{k});
+      if (!s.empty()) sets.push_back(s);
+    }
+    std::set<std::uint32_t> seen;
+    for (const LogicalTpcSet& s : sets) {
+      const std::uint32_t want = topo::largest_hostable_cluster(t, s);
+      EXPECT_EQ(hostable_cluster(*m, topo::to_physical(t, s).bits), want) << format_list(s.bits);
+      seen.insert(want);
+    }
+    EXPECT_GE(seen.size(), 4u) << "the sets should span small and large clusters";
+    // What the CLI hands the task reads back the same.
+    EXPECT_EQ(decode_cluster_maps(encode_cluster_maps({*m})), std::vector<ClusterMap>{*m});
+  }
+}
+
+TEST(ClusterMapTest, NoMapWhereTheLayoutCannotTell) {
+  topo::Topology t = h200_topology();
+  t.gpcs.clear();
+  for (topo::TpcInfo& k : t.tpcs) k.gpc.reset();
+  EXPECT_FALSE(cluster_map_of(t, t.device.uuid).has_value()) << "GPCs unknown";
+  topo::Topology old = h200_topology();
+  old.device.cc_major = 8;
+  EXPECT_FALSE(cluster_map_of(old, old.device.uuid).has_value()) << "no clusters before Hopper";
+}
+
+TEST(ClusterMapTest, MalformedTextIsRefusedInOneLine) {
+  const std::string uuid = uuid_to_string(h200_device().uuid);
+  const std::vector<ClusterMap> two = decode_cluster_maps("*:0xff:0xf/8:0xf0/0;" + uuid + ":0x3");
+  ASSERT_EQ(two.size(), 2u);
+  EXPECT_EQ(two[0].device, kAnyDevice);
+  EXPECT_EQ(two[0].gpcs.size(), 2u);
+  EXPECT_EQ(two[0].gpcs[1].max_cluster, 0u);
+  EXPECT_EQ(two[1].device, h200_device().uuid);
+  EXPECT_TRUE(decode_cluster_maps("").empty());
+  for (const std::string& bad : std::vector<std::string>{"*", "*:ff", "*:0xff:0xf", "*:0xff:0xf/x", "*:0x1:0x3/4", "*:0xff:0xf/9999",
+                                "GPU-nope:0x1", "*:0x1;*:0x1", "*:0x1:0x1/2:" + std::string(40, 'x')}) {
+    try {
+      decode_cluster_maps(bad);
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()).find('\n'), std::string::npos) << e.what();
+    }
+  }
+  std::string many = "*:0x1";
+  for (unsigned i = 0; i <= kMaxMapGpcs; ++i) many += ":0x1/2";
+  EXPECT_THROW(decode_cluster_maps(many), std::invalid_argument);
 }
 
 }  // namespace

@@ -35,6 +35,7 @@ enum class Option : unsigned {
   kTestBurstMs,      // NVTASKSET_TEST_BURST_MS (tests)
   kBeYield,          // NVTASKSET_BE_YIELD
   kBeQueueUs,        // NVTASKSET_BE_QUEUE_US
+  kClusterMap,       // NVTASKSET_CLUSTER_MAP (CLI -> task)
 };
 
 enum class OptionKind { kChoice, kPath, kInternal, kNumber };
@@ -100,6 +101,9 @@ inline constexpr OptionDesc kOptions[] = {
      "while a latency-critical task exists, a --best-effort task's next launch also waits while its oldest "
      "launch still queued was queued more than this many microseconds ago (0: no such bound; "
      "NVTASKSET_BE_DEPTH stays the most launches queued)"},
+    {Option::kClusterMap, "NVTASKSET_CLUSTER_MAP", OptionKind::kInternal, "", false,
+     "set by nvtaskset --best-effort: which TPCs of each GPU host thread-block clusters together, so that the "
+     "task's clustered kernels can go on its floor where it hosts them (partition.hpp, ClusterMap)"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }

@@ -96,6 +96,42 @@ std::string encode_partitions(const std::vector<DevicePartition>& parts);
 // on a partition that partition_problem() refuses.
 std::vector<DevicePartition> decode_partitions(std::string_view text);
 
+// Which thread-block clusters a subset of a GPU's TPCs hosts, in mask bits,
+// for a task's shim, which has no topology. A best-effort task's floor (its
+// partition without the latency-critical reservations) is known only in its
+// shim, as those tasks come and go; the CLI hands it this summary of the
+// GPU's layout (NVTASKSET_CLUSTER_MAP), and the shim asks it whenever the
+// floor changes, never in the launch callback.
+struct ClusterMap {
+  // One GPC: the mask bits of its cluster-capable TPCs, and the largest
+  // cluster it ran (SMs; 0 = not measured, no cap).
+  struct Gpc {
+    PhysicalTpcMask capable;
+    std::uint32_t max_cluster = 0;
+    bool operator==(const Gpc&) const = default;
+  };
+  DeviceUuid device = kAnyDevice;
+  PhysicalTpcMask capable;  // every cluster-capable TPC, of a known GPC or not
+  std::vector<Gpc> gpcs;
+  bool operator==(const ClusterMap&) const = default;
+};
+// At most this many GPCs a map (a GH100 has 8).
+inline constexpr unsigned kMaxMapGpcs = 32;
+
+// The largest cluster (SMs of one GPC) a kernel can be launched with on the
+// TPCs `set` enables: topo::largest_hostable_cluster's rule over mask bits
+// (the most cluster-capable SMs one GPC has in the set, capped by the
+// largest it ran; 2 as soon as the set holds one cluster-capable TPC, whose
+// two SMs share a GPC; else 1).
+std::uint32_t hostable_cluster(const ClusterMap& m, const Bits128& set) noexcept;
+
+// Text form: maps separated by ';', each
+//   <device>:<capable hex>[:<gpc capable hex>/<max cluster>]...
+// with <device> '*' or a UUID string. Round-trips exactly; decoding throws
+// std::invalid_argument with a one-line reason.
+std::string encode_cluster_maps(const std::vector<ClusterMap>& maps);
+std::vector<ClusterMap> decode_cluster_maps(std::string_view text);
+
 // Why `dp` cannot be a partition of the GPU its descriptor describes, or ""
 // (nothing to check when the descriptor is unknown). A kernel whose mask
 // enables no working TPC is accepted and never runs (docs/hardware.md), so a

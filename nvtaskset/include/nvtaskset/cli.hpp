@@ -26,11 +26,13 @@ std::string find_shim_dir(const std::string& exe_path);
 // NVTASKSET_REAL_LIBCUDA pinned to the driver the CLI found, and
 // NVTASKSET_SM_COUNT=partition with `partition_sm_count`.
 // With a role (roles.hpp), NVTASKSET_ROLE and, for a latency-critical task,
-// NVTASKSET_BURST_POOL; without one, neither (a launch from inside a task
-// with a role does not inherit it).
+// NVTASKSET_BURST_POOL, for a best-effort one NVTASKSET_CLUSTER_MAP where
+// the layout is known; without one, none (a launch from inside a task with
+// a role does not inherit them).
 struct TaskRole {
   roles::Role role = roles::Role::kNone;
-  std::string burst_pool;  // encode_partitions() of every working TPC per GPU
+  std::string burst_pool;   // encode_partitions() of every working TPC per GPU
+  std::string cluster_map;  // best-effort: encode_cluster_maps() of its GPUs (NVTASKSET_CLUSTER_MAP)
 };
 // NVTASKSET_PARTITION_PID is `partition_pid` (0: this process, which execs
 // the task and so keeps its PID).

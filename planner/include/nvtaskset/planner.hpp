@@ -14,6 +14,7 @@
 #include <sys/types.h>
 
 #include <map>
+#include <optional>
 #include <set>
 #include <stdexcept>
 #include <string>
@@ -117,6 +118,11 @@ void check_roles(roles::Role role, const std::vector<Choice>& chosen, const Shar
 // Every working TPC of the GPU, as a partition (a latency-critical task's
 // burst pool, --best-effort without a list).
 Partition whole_gpu(const topo::Topology& t);
+
+// The GPU's cluster layout for a best-effort task's shim (partition.hpp,
+// ClusterMap); nullopt when the GPU has no clusters or its GPC layout or
+// mask bits are unknown (the shim then keeps no clustered kernel on a floor).
+std::optional<ClusterMap> cluster_map_of(const topo::Topology& t, const DeviceUuid& device);
 
 // "device 0", or the UUID of a device known only from a task's region.
 std::string device_label(const topo::DeviceInfo& d);
