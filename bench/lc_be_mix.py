@@ -543,7 +543,7 @@ class Sampler:
 class RolesPoller:
     """What the roles' controller did during a window: `nvtaskset --status --json` every POLL_S
     (the LC task's state, may_burst, launches and completions, busy periods, stops; the BE task's
-    state and its held, floor and queue-wait counts), kept with the row."""
+    state and its held, floor, queue-wait and floor-skipped counts), kept with the row."""
     POLL_S = 0.2
 
     def __init__(self, nv, env):
@@ -569,7 +569,7 @@ class RolesPoller:
                                                        "busy_ms", "saturations", "heartbeat_age_ms")}
                 elif task.get("role") == "best-effort":
                     rec["be"] = {k: c.get(k) for k in ("state", "launches_held", "held_ms", "launches_on_floor",
-                                                       "queue_waits")}
+                                                       "queue_waits", "floor_skipped")}
             self.trace.append(rec)
             self.done.wait(max(0.0, self.POLL_S - (time.monotonic() - t)))
 
@@ -591,7 +591,7 @@ class RolesPoller:
             out["lc_" + k] = delta(lcs, k)
         out["lc_max_heartbeat_age_ms"] = max((x.get("heartbeat_age_ms") or 0 for x in lcs), default=None)
         out["be_states"] = dict(collections.Counter(x.get("state") for x in bes))
-        for k in ("launches_held", "held_ms", "launches_on_floor", "queue_waits"):
+        for k in ("launches_held", "held_ms", "launches_on_floor", "queue_waits", "floor_skipped"):
             out["be_" + k] = delta(bes, k)
         return out
 
@@ -931,7 +931,8 @@ def row_line(r):
         parts.append(f"roles: LC states {x['lc_states']}, stops {x['lc_saturations']}, busy periods "
                      f"{x['lc_busy_periods']}, heartbeat age max {x['lc_max_heartbeat_age_ms']} ms; BE states "
                      f"{x['be_states']}, held {x['be_launches_held']} ({x['be_held_ms']} ms), on floor "
-                     f"{x['be_launches_on_floor']}, queue waits {x['be_queue_waits']}")
+                     f"{x['be_launches_on_floor']}, off its floor {x['be_floor_skipped']}, queue waits "
+                     f"{x['be_queue_waits']}")
     return ", ".join(parts)
 
 

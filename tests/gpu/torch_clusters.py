@@ -5,7 +5,8 @@ cluster sizes that library launches.
 
     python3 torch_clusters.py WORKLOAD
 
-WORKLOAD: cublas (bf16 matmuls of several shapes), cublas-fp8 (torch._scaled_mm),
+WORKLOAD: cublas (bf16 matmuls of several shapes), gpt2m-train (bench/lc_be_mix.py's best-effort
+training, 3 steps), cublas-fp8 (torch._scaled_mm),
 triton (a Triton matmul kernel written here, num_ctas 1 and, when Triton
 accepts it, 2), sdpa-flash, sdpa-efficient, sdpa-cudnn
 (torch.nn.functional.scaled_dot_product_attention restricted to one back end).
@@ -95,7 +96,26 @@ def sdpa(backend):
     return f"sdpa {backend} {tuple(o.shape)}"
 
 
-work = {"cublas": cublas, "cublas-fp8": cublas_fp8, "triton": triton_mm,
+def gpt2m_train():
+    """The best-effort task of bench/lc_be_mix.py: GPT-2-medium training (random weights, bf16 autocast,
+    batch 8 x 512, AdamW), 3 steps."""
+    import transformers
+    cfg = transformers.GPT2Config(n_layer=24, n_embd=1024, n_head=16)
+    with torch.device(dev):
+        model = transformers.GPT2LMHeadModel(cfg).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, cfg.vocab_size, (8, 512), device=dev)
+    for _ in range(3):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    return f"gpt2-medium train, 3 steps, loss {loss.item():.2f}"
+
+
+work = {"cublas": cublas, "gpt2m-train": gpt2m_train, "cublas-fp8": cublas_fp8, "triton": triton_mm,
         "sdpa-flash": lambda: sdpa("flash"), "sdpa-efficient": lambda: sdpa("efficient"),
         "sdpa-cudnn": lambda: sdpa("cudnn")}
 if w not in work:

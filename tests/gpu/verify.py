@@ -2110,6 +2110,18 @@ def section_roles():
         check("roles d: a BE task's kernels next to it run on every TPC but 0-15 (its floor)",
               rc == 0 and len(rows) == 3 and all(r == allt - res["0-15"] for r in rows) and st == "saturated",
               f"{[ranges(r) for r in rows]} rc={rc} (LC still {st}) {err.strip()[-200:]}")
+        # Kernels with thread-block clusters (bf16 cuBLAS matmuls launch clusters of 2 and 4) go on the floor
+        # too, where it hosts them: 1024 blocks of one block per SM cover every SM they may use.
+        for size in (2, 8):
+            rc, out, err, _ = run([NV, "--no-mps", "--best-effort", f"{GPUBIN}/cluster_probe", "--size", str(size),
+                                   "--clusters", str(1024 // size)], timeout=60)
+            m = re.search(r"tpcs:([\d ]+)", out)
+            ran = {int(x) for x in m.group(1).split()} if m else set()
+            floor = allt - res["0-15"]
+            st = wait_state(ts.pid, "saturated", 1)
+            check(f"roles d: a BE task's kernels with clusters of {size} next to it run on its floor, which hosts them",
+                  rc == 0 and ran and ran <= floor and len(ran) >= len(floor) // 2 and st == "saturated",
+                  f"ran on {ranges(ran)} (floor {ranges(floor)}) rc={rc} (LC still {st}) {err.strip()[-200:]}")
         rc, out, err = run_as("nvt-b", [HARD + "/bin/nvtaskset", "--no-mps", "--best-effort", HARD + "/smid_probe",
                                         "--iters", "2"])
         rows2 = [parse_ranges(l.split()[-1]) for l in out.splitlines() if l.startswith("iter ")]
