@@ -372,8 +372,17 @@ int live(const Options& o, const Requests& rq) {
 
   // 2. Plan. Every task and every request is checked before anything is
   // written: a change is all or nothing.
+  // A task's role holds under -p as at its launch: a latency-critical
+  // task's new TPCs are an exclusive reservation that leaves every
+  // best-effort task a floor, and a best-effort task's may not lie inside
+  // the reservations (planner::check_roles). With -a, a family with a
+  // latency-critical task changes by its rules.
+  roles::Role role = roles::Role::kNone;
+  for (const auto& member : family)
+    if (const roles::Role r = planner::role_in(*member.second); r == roles::Role::kLatencyCritical || role == roles::Role::kNone)
+      role = r;
   planner::Sharing sh =
-      query ? planner::Sharing{} : planner::read_sharing({o.spread, o.exclusive, o.role}, family_pids);
+      query ? planner::Sharing{} : planner::read_sharing({o.spread, o.exclusive, role}, family_pids);
   Devices devices(shim_copies(o.shim_dir), o.topology_file);
   std::vector<TaskPlan> plans;
   auto plan = [&] {
@@ -394,6 +403,7 @@ int live(const Options& o, const Requests& rq) {
     return chosen;
   };
   std::vector<Choice> chosen = plan();
+  if (!query) planner::check_roles(role, chosen, sh, devices);
 
   // 3. Claim. A task's entry as its region has it, or (planned) the claim
   // of the change: on each GPU it changes, the TPCs it has AND those it

@@ -3,6 +3,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "nvtaskset/control_region.hpp"
 #include "nvtaskset/idlist.hpp"
 #include "nvtaskset/placement.hpp"
 #include "nvtaskset/task_driver.hpp"
@@ -120,6 +121,19 @@ Sharing read_sharing(const SharingOptions& o, std::set<pid_t> exclude) {
         if (const ctl::DriverUse u = ctl::task_driver_use(e.pid, std::nullopt);
             u.state == ctl::DriverUse::State::kBypassed)
           sh.everywhere[e.pid] = u.why;
+  if (o.role == roles::Role::kLatencyCritical)
+    for (const ctl::StatusEntry& e : sh.all)
+      if (e.role == roles::Role::kBestEffort && !sh.exclude.count(e.pid)) {
+        try {
+          const auto region = ctl::Region::attach(e.pid);
+          const std::uint32_t c = region->header().max_cluster_launched.load(std::memory_order_relaxed);
+          if (c > 1) sh.clusters_launched[e.pid] = c;
+        } catch (const ctl::Error&) {
+          // Another user's task (or gone): its clustered kernels that the
+          // floor cannot host run on its whole partition, counted, and
+          // --status says so.
+        }
+      }
   return sh;
 }
 
@@ -225,12 +239,23 @@ void check_roles(roles::Role role, const std::vector<Choice>& chosen, const Shar
     }
     reserved.bits = reserved.bits | mine.bits;
     for (const ctl::StatusEntry* e : best_effort)
-      for (const DevicePartition& dp : e->partitions)
-        if (dp.partition.active() && (dp.device == c.dev->uuid || dp.device == kAnyDevice) &&
-            (logical_view(dp.partition, t).bits & ~reserved.bits).none())
+      for (const DevicePartition& dp : e->partitions) {
+        if (!dp.partition.active() || (dp.device != c.dev->uuid && dp.device != kAnyDevice)) continue;
+        const LogicalTpcSet floor{logical_view(dp.partition, t).bits & ~reserved.bits};
+        if (floor.empty())
           throw Refusal("--latency-critical: with TPCs " + format_list(mine.bits) + " reserved, best-effort pid " +
                         std::to_string(e->pid) + " would have no TPC of " + device_label(*c.dev) +
                         " left while latency-critical tasks are busy");
+        const auto launched = sh.clusters_launched.find(e->pid);
+        if (t == nullptr || launched == sh.clusters_launched.end()) continue;
+        const std::uint32_t hosts = topo::largest_hostable_cluster(*t, floor);
+        if (hosts != kClusterUnchecked && hosts < launched->second)
+          throw Refusal("--latency-critical: with TPCs " + format_list(mine.bits) + " reserved, best-effort pid " +
+                        std::to_string(e->pid) + "'s floor (TPCs " + format_list(floor.bits) + " of " +
+                        device_label(*c.dev) + ") hosts thread-block clusters of at most " + std::to_string(hosts) +
+                        " SMs, but it has launched clusters of " + std::to_string(launched->second) +
+                        ": they would run over the reservation");
+      }
   }
 }
 

@@ -576,6 +576,77 @@ TEST_F(Roles, ReservationsLeaveEveryBestEffortTaskAFloor) {
   stop("lc", *lp);
 }
 
+// A task's role holds under -p as at its launch: a latency-critical task
+// may not be moved onto another's reservation nor over a best-effort
+// task's last TPCs, and a best-effort task not into a reservation. Before,
+// -p applied no role: an LC task moved onto another's reserved TPCs shared
+// them while --status listed both as reservations.
+TEST_F(Roles, ChangeKeepsTheRolesRules) {
+  Proc *ap = nullptr, *bp = nullptr, *ep = nullptr;
+  const long a = start_task({"-t", "0-1", "--latency-critical"}, "a", &ap, true);
+  const long b = start_task({"-t", "2-3", "--latency-critical"}, "b", &bp, true);
+  const long be = start_task({"-t", "4-5", "--best-effort"}, "be", &ep);
+  ASSERT_GT(a, 0);
+  ASSERT_GT(b, 0);
+  ASSERT_GT(be, 0);
+  struct Case {
+    std::vector<std::string> args;
+    std::string why;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"-t", "0-3", std::to_string(a)}, "held by pid " + std::to_string(b)},
+           {{"-t", "0-1,4-5", std::to_string(a)}, "best-effort pid " + std::to_string(be) + " would have no TPC"},
+           {{"-t", "2", std::to_string(be)}, "reserved by a latency-critical task"}}) {
+    std::vector<std::string> argv{kCli, "-p"};
+    argv.insert(argv.end(), c.args.begin(), c.args.end());
+    const Result r = run(argv);
+    EXPECT_TRUE(FailedWithOneLine(r)) << r;
+    EXPECT_NE(r.err.find(c.why), std::string::npos) << r;
+  }
+  EXPECT_EQ(task(a)["tpcs"], "0-1");
+  EXPECT_EQ(task(be)["tpcs"], "4-5");
+  // What the rules allow still changes.
+  Result r = run({kCli, "-p", "-t", "0-1,4", std::to_string(a)});
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(task(a)["tpcs"], "0-1,4");
+  r = run({kCli, "-p", "-t", "4-7", std::to_string(be)});
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(task(be)["tpcs"], "4-7");
+  stop("be", *ep);
+  stop("b", *bp);
+  stop("a", *ap);
+}
+
+// As -p refuses a partition that cannot host the clusters a task has
+// launched, a reservation is refused that would leave a best-effort task a
+// floor that cannot host its clusters: they would run over the reservation.
+// Hopper layout: clusters of 8 fit only GPC 0 (TPCs 0,2,4,6) whole.
+TEST_F(Roles, ReservationKeepsWhatABestEffortTaskLaunchedOnItsFloor) {
+  env_["FAKECUDA_CC"] = "9.0";
+  const std::string topo = path("topology.json");
+  std::ofstream(topo) << hopper_topology_json();
+  const std::string until = path("until.be"), ready = path("ready.be"), marker = path("marker");
+  Proc& bep = start({kCli, "--no-mps", "--topology-file", topo, "--best-effort", kGraphLauncher, "--mode", "eager",
+                     "--cluster", "8", "--nodes", "1", "--until-file", until, "--interval-ms", "20", "--ready-file",
+                     ready},
+                    env_);
+  const long be = wait_ready(ready, bep);
+  ASSERT_GT(be, 0) << bep.err();
+  Result r = run({kCli, "--no-mps", "--topology-file", topo, "-t", "0", "--latency-critical", "touch", marker}, env_);
+  EXPECT_TRUE(FailedWithOneLine(r)) << r;
+  EXPECT_NE(r.err.find("best-effort pid " + std::to_string(be) + "'s floor (TPCs 1-7 of device 0) hosts thread-block "
+                       "clusters of at most 6 SMs, but it has launched clusters of 8"),
+            std::string::npos)
+      << r;
+  EXPECT_FALSE(exists(marker));
+  // TPC 1 is of GPC 1: GPC 0 stays whole on the floor.
+  r = run({kCli, "--no-mps", "--topology-file", topo, "-t", "1", "--latency-critical", "touch", marker}, env_);
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_TRUE(exists(marker));
+  touch(until);
+  EXPECT_TRUE(ExitedWith(bep.wait(), 0)) << bep.command;
+}
+
 // ---- (f) a dead LC task holds nothing back ---------------------------------------------
 
 TEST_F(Roles, KilledLatencyCriticalTaskReleasesEverything) {

@@ -72,6 +72,10 @@ struct Sharing {
   // With exclusive: live tasks whose kernels reach the driver around their
   // shim, and why; they run on every TPC whatever their entries say.
   std::map<pid_t, std::string> everywhere;
+  // For a latency-critical claim: the largest thread-block cluster (SMs)
+  // each best-effort task has launched, where this user may read its
+  // region (check_roles: its floor must still host them).
+  std::map<pid_t, std::uint32_t> clusters_launched;
 };
 
 // The entries a launch or change of role `role` counts as holders: a
@@ -112,7 +116,10 @@ struct Choice {
 // What is left to a best-effort task while latency-critical tasks are busy
 // (its floor) must not be empty: a reservation that would leave a live
 // best-effort task (in sh.all) no TPC is refused, and so is a best-effort
-// partition inside the reservations. Throws Refusal.
+// partition inside the reservations. As -p does for a task's own
+// partition, a reservation that would leave a best-effort task a floor
+// that cannot host the clusters it has launched (sh.clusters_launched) is
+// refused too: those kernels would run over the reservation. Throws Refusal.
 void check_roles(roles::Role role, const std::vector<Choice>& chosen, const Sharing& sh, Layouts& layouts);
 
 // Every working TPC of the GPU, as a partition (a latency-critical task's
