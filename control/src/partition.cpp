@@ -79,11 +79,34 @@ std::optional<DeviceUuid> uuid_from_string(std::string_view s) {
   return u;
 }
 
+namespace {
+
+// The device field of the text forms: '*' for any device, else a UUID.
+std::string device_field(const DeviceUuid& d) { return d == kAnyDevice ? std::string("*") : uuid_to_string(d); }
+DeviceUuid parse_device_field(std::string_view f) {
+  if (f == "*") return kAnyDevice;
+  const auto u = uuid_from_string(f);
+  if (!u) throw std::invalid_argument("bad device '" + std::string(f.substr(0, 80)) + "'");
+  return *u;
+}
+
+// The ';'-separated entries of a text form, one per device: no more than a
+// control region holds (kMaxDevices).
+std::vector<std::string_view> device_entries(std::string_view text, const char* what) {
+  if (text.empty()) return {};
+  std::vector<std::string_view> entries = split(text, ';');
+  if (entries.size() > ctl::kMaxDevices)
+    throw std::invalid_argument("more than " + std::to_string(ctl::kMaxDevices) + " " + what);
+  return entries;
+}
+
+}  // namespace
+
 std::string encode_partitions(const std::vector<DevicePartition>& parts) {
   std::string out;
   for (const auto& dp : parts) {
     if (!out.empty()) out += ';';
-    out += dp.device == kAnyDevice ? std::string("*") : uuid_to_string(dp.device);
+    out += device_field(dp.device);
     out += ',' + std::to_string(static_cast<unsigned>(dp.partition.kind));
     out += ',' + dp.partition.enabled.bits.to_hex();
     out += ',' + dp.partition.tpcs.bits.to_hex();
@@ -114,24 +137,16 @@ std::string partition_problem(const DevicePartition& dp) {
 
 std::vector<DevicePartition> decode_partitions(std::string_view text) {
   std::vector<DevicePartition> out;
-  if (text.empty()) return out;
   // The text may come from another user (a status entry): no count or size
   // in it may exceed what a control region holds (control_region.cpp,
   // validate: kMaxDevices entries, at most 256 SMs, cc up to 99.9), or a
   // reader sizes its work by it (one entry claiming 999999998 SMs made
   // every user's --status allocate gigabytes).
-  const std::vector<std::string_view> entries = split(text, ';');
-  if (entries.size() > ctl::kMaxDevices)
-    throw std::invalid_argument("more than " + std::to_string(ctl::kMaxDevices) + " device partitions");
-  for (std::string_view entry : entries) {
+  for (std::string_view entry : device_entries(text, "device partitions")) {
     const auto f = split(entry, ',');
     if (f.size() != 12) throw std::invalid_argument("bad partition entry '" + std::string(entry) + "'");
     DevicePartition dp;
-    if (f[0] != "*") {
-      auto u = uuid_from_string(f[0]);
-      if (!u) throw std::invalid_argument("bad device '" + std::string(f[0]) + "'");
-      dp.device = *u;
-    }
+    dp.device = parse_device_field(f[0]);
     if (f[1].size() != 1 || f[1][0] < '0' || f[1][0] > '4')
       throw std::invalid_argument("bad partition kind '" + std::string(f[1]) + "'");
     dp.partition.kind = static_cast<SpecKind>(f[1][0] - '0');
@@ -176,7 +191,7 @@ std::string encode_cluster_maps(const std::vector<ClusterMap>& maps) {
   std::string out;
   for (const ClusterMap& m : maps) {
     if (!out.empty()) out += ';';
-    out += m.device == kAnyDevice ? std::string("*") : uuid_to_string(m.device);
+    out += device_field(m.device);
     out += ':' + m.capable.bits.to_hex();
     for (const ClusterMap::Gpc& g : m.gpcs) out += ':' + g.capable.bits.to_hex() + '/' + std::to_string(g.max_cluster);
   }
@@ -185,20 +200,12 @@ std::string encode_cluster_maps(const std::vector<ClusterMap>& maps) {
 
 std::vector<ClusterMap> decode_cluster_maps(std::string_view text) {
   std::vector<ClusterMap> out;
-  if (text.empty()) return out;
-  const std::vector<std::string_view> entries = split(text, ';');
-  if (entries.size() > ctl::kMaxDevices)
-    throw std::invalid_argument("more than " + std::to_string(ctl::kMaxDevices) + " cluster maps");
-  for (std::string_view entry : entries) {
+  for (std::string_view entry : device_entries(text, "cluster maps")) {
     const auto f = split(entry, ':');
     if (f.size() < 2 || f.size() > 2 + kMaxMapGpcs)
       throw std::invalid_argument("bad cluster map '" + std::string(entry.substr(0, 80)) + "'");
     ClusterMap m;
-    if (f[0] != "*") {
-      auto u = uuid_from_string(f[0]);
-      if (!u) throw std::invalid_argument("bad device '" + std::string(f[0].substr(0, 80)) + "'");
-      m.device = *u;
-    }
+    m.device = parse_device_field(f[0]);
     m.capable.bits = parse_hex128(f[1]);
     for (std::size_t i = 2; i < f.size(); ++i) {
       const auto g = split(f[i], '/');
