@@ -158,10 +158,11 @@ BE_RESUME_S = 0.3  # after BE resumes, before a window starts
 # across windows (the LC's burst budget and the BE's hold budget, exponentially weighted shares of
 # time busy; roles.hpp), so a window that follows the closed loop would otherwise start with
 # bursting stopped, and on its reservation the LC is busy enough at 44 or 87 req/s (6.6-8.7 ms a
-# request, H100) that it might not resume within the window. 1 s idle takes the LC's share (time
-# constant 1 s) from about 0.6 after a closed loop to 0.22, below its resume share (0.35), and the
-# BE's (200 ms) to nothing.
-ROLES_IDLE_S = 1.0
+# request, H100) that it might not resume within the window. 1.5 s idle takes the LC's share (time
+# constant 1 s) from at most 1 (a long closed loop) to 0.22, below its resume share (0.35), and the
+# BE's (200 ms) to nothing. (1 s was enough after 2-s closed windows, whose share ends near 0.6,
+# but not after 12-s ones: run 38 had an open-loop window that never burst.)
+ROLES_IDLE_S = 1.5
 LC_WARMUP_REPLAYS = 10
 BE_WARMUP_STEPS = 3
 
