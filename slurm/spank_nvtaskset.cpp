@@ -3,6 +3,8 @@
 //
 //   srun --gres=shard:2 ./infer        # 2 of the GPU's shards: that fraction of its TPCs
 //   srun --gpu-tpcs=16 ./detector      # 16 TPCs, as nvtaskset -n 16 --exclusive
+//   srun --gpu-tpcs=16 --gpu-role=latency-critical ./server   # as nvtaskset -n 16 --latency-critical
+//   srun --gpu-role=best-effort ./train                       # as nvtaskset --best-effort
 //
 // plugstack.conf:  required /usr/lib/slurm/spank_nvtaskset.so [no-mps] [nvtaskset=PATH] [shards=N]
 //
@@ -22,7 +24,8 @@
 //    `nvtaskset CMD`. A failure found earlier is reported here, one line, and
 //    fails the task, so srun exits non-zero: Slurm 22.05 ignores a failing
 //    init_post_opt or user_init in srun's exit status.
-// A step with no --gpu-tpcs and no shard is left untouched: no variable set.
+// A step with no --gpu-tpcs, no shard and no --gpu-role is left untouched:
+// no variable set.
 #include <poll.h>
 #include <pwd.h>
 #include <sys/wait.h>
@@ -74,6 +77,7 @@ struct State {
   unsigned shards_total = 0;              // shards=N; else gres.conf's
   unsigned tpcs = 0;                      // --gpu-tpcs
   bool spread = false;                    // --gpu-tpcs-mode=spread
+  std::string role;                       // --gpu-role: "", "latency-critical" or "best-effort"
   bool active = false;                    // the step asked for a partition
   std::string error;                      // why it cannot have one: each task fails with it
   std::vector<std::pair<std::string, std::string>> env;  // what each task gets
@@ -121,6 +125,17 @@ int opt_mode(int, const char* optarg, int) {
   return 0;
 }
 
+// The role names are nvtaskset's long options (docs/design.md, "Roles").
+int opt_role(int, const char* optarg, int) {
+  const std::string_view r = optarg ? optarg : "";
+  if (r != "latency-critical" && r != "best-effort") {
+    slurm_error("nvtaskset: --gpu-role=%s: latency-critical or best-effort", printable(r).c_str());
+    return -1;
+  }
+  g.role = std::string(r);
+  return 0;
+}
+
 struct spank_option g_options[] = {
     {const_cast<char*>("gpu-tpcs"), const_cast<char*>("N"),
      const_cast<char*>("run the step's tasks on N TPCs of each GPU they use, no other step's (nvtaskset -n N "
@@ -129,6 +144,11 @@ struct spank_option g_options[] = {
     {const_cast<char*>("gpu-tpcs-mode"), const_cast<char*>("packed|spread"),
      const_cast<char*>("with --gpu-tpcs or shards: whole GPCs first (packed, the default) or spread over the GPCs"),
      1, 0, opt_mode},
+    {const_cast<char*>("gpu-role"), const_cast<char*>("latency-critical|best-effort"),
+     const_cast<char*>("latency-critical: reserve the step's TPCs (--gpu-tpcs or shards), onto the whole GPU while "
+                       "it has work (nvtaskset --latency-critical); best-effort: run on them (without either, on "
+                       "every TPC) while every latency-critical task is idle, and make way while one has work"),
+     1, 0, opt_role},
     SPANK_OPTIONS_TABLE_END};
 
 // ---- the job's environment -------------------------------------------------------------
@@ -276,8 +296,15 @@ std::optional<std::vector<unsigned>> tpc_counts(const std::vector<std::string>& 
 void plan_step(spank_t sp) {
   const std::optional<std::string> shards_s = job_getenv(sp, "SLURM_SHARDS_ON_NODE");
   const unsigned shards = shards_s ? parse_count(shards_s->c_str()).value_or(0) : 0;
-  if (g.tpcs == 0 && shards == 0) return;  // untouched
+  if (g.tpcs == 0 && shards == 0 && g.role.empty()) return;  // untouched
   g.active = true;
+  // Best-effort with no count runs on every TPC, as nvtaskset --best-effort
+  // does; a reservation must say how much it reserves.
+  const bool every_tpc = g.tpcs == 0 && shards == 0;
+  if (every_tpc && g.role == "latency-critical") {
+    g.error = "nvtaskset: --gpu-role=latency-critical needs --gpu-tpcs or shards: what the step reserves";
+    return;
+  }
   // Slurm's own MPS gres sets a thread percentage for an MPS server it runs;
   // nvtaskset partitions by TPC: one or the other, never both silently.
   if (job_getenv(sp, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")) {
@@ -292,8 +319,8 @@ void plan_step(spank_t sp) {
     g.error = counts ? "nvtaskset: the step sees no GPU" : why;
     return;
   }
-  const unsigned total = g.tpcs == 0 ? shards_total() : 0;
-  if (g.tpcs == 0 && total == 0) {
+  const unsigned total = g.tpcs == 0 && !every_tpc ? shards_total() : 0;
+  if (g.tpcs == 0 && !every_tpc && total == 0) {
     g.error = "nvtaskset: the node's shard count is unknown (no Name=shard Count= in gres.conf; set shards=N in "
               "plugstack.conf)";
     return;
@@ -305,7 +332,8 @@ void plan_step(spank_t sp) {
   uint32_t job = 0, step = 0;
   spank_get_item(sp, S_JOB_ID, &job);
   spank_get_item(sp, S_JOB_STEPID, &step);
-  std::vector<std::string> argv = {g.cli, "--env-for", std::to_string(::getpid()), "--exclusive"};
+  std::vector<std::string> argv = {g.cli, "--env-for", std::to_string(::getpid()),
+                                   g.role.empty() ? std::string("--exclusive") : "--" + g.role};
   if (g.no_mps) argv.push_back("--no-mps");
   // The step's GPUs are what CUDA_VISIBLE_DEVICES lets it see: devices 0..k-1
   // to nvtaskset, which runs with the job's environment. A step Slurm gave
@@ -321,7 +349,7 @@ void plan_step(spank_t sp) {
   }
   for (unsigned d = 0; d < devices; ++d) {
     // A shard's share of the TPCs, rounded down, never none.
-    const unsigned n = g.tpcs != 0 ? g.tpcs : std::max(1u, (*counts)[d] * shards / total);
+    const unsigned n = g.tpcs != 0 ? g.tpcs : every_tpc ? (*counts)[d] : std::max(1u, (*counts)[d] * shards / total);
     argv.insert(argv.end(), {"-d", std::to_string(d), "-n", std::to_string(n)});
   }
   if (g.spread) argv.push_back("--spread");

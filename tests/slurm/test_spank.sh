@@ -195,6 +195,48 @@ rc=$?
 n=$(count_of "$(launched_pid "$T/o8")")
 [[ $rc == 0 && $n == 8 ]] && pass "srun --gpu-tpcs=8 --gpu-tpcs-mode=spread: 8 TPCs" || fail "spread: rc=$rc, $n TPCs: $(cat "$T/e8")"
 
+# 8b. --gpu-role (nvtaskset's role options): a latency-critical step reserves
+#     its TPCs, and its task gets the role; a second reservation over them is
+#     refused; a best-effort step with no count runs next to it on every TPC
+#     (it may borrow the reservation); a reservation with no count, or a role
+#     that is none of the two, fails srun, and the program never runs.
+srun --gpu-tpcs=16 --gpu-role=latency-critical "$L" --print-env NVTASKSET_ROLE --until-file "$T/stopR" \
+  --ready-file "$T/readyR" --interval-ms 50 >"$T/oR" 2>"$T/eR" </dev/null &
+sR=$!
+if wait_for 30 test -s "$T/readyR"; then
+  pR=$(cat "$T/readyR")
+  lc_role=$("$NV" --status --json 2>/dev/null | grep -o '"role": *"[a-z-]*"' | sort -u | sed 's/.*"\([a-z-]*\)"$/\1/')
+  n=$(count_of "$pR")
+  [[ $lc_role == latency-critical && $n -ge 16 ]] && pass "srun --gpu-tpcs=16 --gpu-role=latency-critical: --status says latency-critical, kernels on $n TPCs" ||
+    fail "latency-critical step: roles '$lc_role', $n TPCs: $(cat "$T/eR")"
+  srun --gpu-tpcs=60 --gpu-role=latency-critical "$L" >"$T/oR2" 2>"$T/eR2" </dev/null
+  rc=$?
+  [[ $rc != 0 && -z $(launched_pid "$T/oR2") ]] && grep -q -- '-n 60' "$T/eR2" &&
+    pass "a second reservation of 60 next to one of 16 fails (exit $rc): $(grep -m1 -- '-n 60' "$T/eR2")" ||
+    fail "a second reservation of 60: rc=$rc: $(cat "$T/oR2" "$T/eR2")"
+  srun --gpu-role=best-effort "$L" --print-env NVTASKSET_ROLE >"$T/oR3" 2>"$T/eR3" </dev/null
+  rc=$?
+  n=$(count_of "$(launched_pid "$T/oR3")")
+  [[ $rc == 0 && $n -ge $((TPCS - 16)) ]] && grep -q "^env NVTASKSET_ROLE=best-effort$" "$T/oR3" &&
+    pass "srun --gpu-role=best-effort next to it: the role, kernels on $n TPCs" ||
+    fail "best-effort step: rc=$rc, $n TPCs: $(cat "$T/oR3" "$T/eR3")"
+  touch "$T/stopR"
+  wait "$sR"
+  rc=$?
+  [[ $rc == 0 ]] && grep -q "^env NVTASKSET_ROLE=latency-critical$" "$T/oR" &&
+    pass "the latency-critical step's task had NVTASKSET_ROLE=latency-critical" ||
+    fail "the latency-critical step: rc=$rc: $(cat "$T/oR" "$T/eR")"
+else
+  fail "the latency-critical step did not start: $(cat "$T/eR")"
+fi
+for args in "--gpu-role=latency-critical:--gpu-tpcs" "--gpu-role=fast:fast"; do
+  srun "${args%%:*}" "$L" >"$T/oR4" 2>"$T/eR4" </dev/null
+  rc=$?
+  line=$(grep -m1 -- "${args##*:}" "$T/eR4")
+  [[ $rc != 0 && -z $(launched_pid "$T/oR4") && -n $line ]] && pass "srun ${args%%:*} fails (exit $rc): $line" ||
+    fail "srun ${args%%:*}: rc=$rc: $(cat "$T/oR4" "$T/eR4")"
+done
+
 # 9. A step Slurm gave no GPU that sees two (the stand-in with two): GPU 0
 #    gets the partition, and the step sees only GPU 0.
 FAKECUDA_DEVICES=2 srun --gpu-tpcs=8 "$L" --print-env CUDA_VISIBLE_DEVICES >"$T/oG" 2>"$T/eG" </dev/null
