@@ -7,7 +7,9 @@
 # sets of floor(T*2/8) TPCs each (16 on a 66-TPC H100/H200), as %smid shows
 # (physical outside MPS); a concurrent `--gpu-tpcs=8` step on 8 TPCs disjoint
 # from both; `nvtaskset --status` lists the running steps; `--gpu-tpcs=999`
-# fails (srun exit non-zero, the program never runs); the TPCs are free after.
+# fails (srun exit non-zero, the program never runs); a `--gpu-tpcs=16
+# --gpu-role=latency-critical` step alone bursts onto every TPC; the TPCs are
+# free after.
 # Run as root from the repository root on the GPU machine:
 #
 #   bash tests/gpu/slurm_check.sh
@@ -257,6 +259,16 @@ rc=$?
 [[ $rc != 0 ]] && ! grep -q 'iter ' "$W/obad" &&
   pass "srun --gpu-tpcs=999 fails (exit $rc) before the program runs: $(grep -m1 -i 'nvtaskset' "$W/ebad")" ||
   fail "srun --gpu-tpcs=999: exit $rc: $(cat "$W/obad" "$W/ebad" | head -5)"
+
+# A role through the plugin (--gpu-role): a latency-critical step of 16 TPCs,
+# alone on the GPU, bursts onto every TPC while it has work (a step of 16
+# without the role ran on 16, above): the role reached its task.
+timeout "$(left 60)" srun -J lc --gpu-tpcs=16 --gpu-role=latency-critical "$PROBE" --iters 2 >"$W/olc" 2>"$W/elc" </dev/null
+rc=$?
+c=$(tpcs_of "$W/olc"); nc=$(count "$c")
+say "srun --gpu-tpcs=16 --gpu-role=latency-critical (rc $rc): $nc TPCs: $c"
+[[ $rc == 0 && $nc == "$T" ]] && pass "srun --gpu-tpcs=16 --gpu-role=latency-critical alone: its kernels burst onto all $T TPCs (%smid)" ||
+  fail "the latency-critical step: rc=$rc, $nc TPCs: $(tail -3 "$W/elc")"
 
 none_listed() { ! "$NV" --status 2>/dev/null | grep -q slurmstepd; }
 wait_for "$(left 10)" none_listed && pass "after the steps, --status lists no step" ||
