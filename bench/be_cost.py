@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""What the best-effort role costs a training loop by itself, and which part of it: GPT-2-medium
+training (bench/lc_be_mix.py's best-effort task) with no latency-critical task doing anything, so
+that every difference is the shim's own doing, side by side in one run, configurations
+interleaved round by round.
+
+  plain        a plain process
+  role         nvtaskset --best-effort, no LC task (its queue is its own)
+  role+lc      the same next to an idle LC task (nvtaskset -n 16 --latency-critical, one kernel
+               launched, then asleep): the queue is bounded to NVTASKSET_BE_DEPTH launches (4)
+  role+lc dN   the same with NVTASKSET_BE_DEPTH=N (an event every N/4 launches, at most 64 events)
+  role+lc t500 NVTASKSET_BE_DEPTH=256 and NVTASKSET_BE_QUEUE_US=500
+
+Without MPS (--no-mps; the LC task is idle, so nothing contends). Prints each configuration's
+it/s (median over rounds, min-max) and its ratio to plain. With --compare B, every role+lc
+configuration also runs under nvtaskset build B (its own shim), interleaved ("B: role+lc ...").
+--configs picks some (names as above, comma-separated).
+
+    python3 bench/be_cost.py --nvtaskset .dev/nvt/bin/nvtaskset [--rounds 2] [--steps 15]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.abspath(__file__)
+
+
+def worker(steps):
+    import torch
+    import transformers
+    cfg = transformers.GPT2Config(n_layer=24, n_embd=1024, n_head=16)
+    with torch.device("cuda"):
+        model = transformers.GPT2LMHeadModel(cfg).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    ids = torch.randint(0, cfg.vocab_size, (8, 512), device="cuda")
+
+    def step():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    t = time.monotonic()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    print(json.dumps({"its": steps / (time.monotonic() - t)}), flush=True)
+
+
+IDLE_LC = "import torch, time; torch.zeros(1, device='cuda'); torch.cuda.synchronize(); print('ready', flush=True); time.sleep(3600)"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nvtaskset", default="build/bin/nvtaskset")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--timeout", type=float, default=120, help="s per training run")
+    ap.add_argument("--compare", help="a second nvtaskset build: its role+lc configurations run too")
+    ap.add_argument("--configs", help="comma-separated subset (plain is always run: the ratios are to it)")
+    a = ap.parse_args()
+    nv = a.nvtaskset
+    be = [sys.executable, HERE, "_worker", str(a.steps)]
+    role = [nv, "--no-mps", "--best-effort"]
+    alone = [("plain", [], {}), ("role", role, {})]
+    variants = [("role+lc", {}), ("role+lc d16", {"NVTASKSET_BE_DEPTH": "16"}),
+                ("role+lc d64", {"NVTASKSET_BE_DEPTH": "64"}), ("role+lc d1024", {"NVTASKSET_BE_DEPTH": "1024"}),
+                ("role+lc t500", {"NVTASKSET_BE_DEPTH": "256", "NVTASKSET_BE_QUEUE_US": "500"})]
+    beside = [(name, role, env) for name, env in variants]
+    if a.compare:
+        beside += [("B: " + name, [a.compare, "--no-mps", "--best-effort"], env) for name, env in variants]
+    if a.configs:
+        keep = set(a.configs.split(",")) | {"plain"}
+        keep |= {"B: " + k for k in keep}
+        alone = [c for c in alone if c[0] in keep]
+        beside = [c for c in beside if c[0] in keep]
+    got = {name: [] for name, _, _ in alone + beside}
+
+    def run(name, prefix, env):
+        e = dict(os.environ, **env)
+        try:
+            p = subprocess.run(prefix + be, env=e, capture_output=True, text=True, timeout=a.timeout)
+            its = json.loads(p.stdout.strip().splitlines()[-1])["its"]
+        except (subprocess.TimeoutExpired, ValueError, IndexError, KeyError) as x:
+            print(f"  {name}: failed ({type(x).__name__}) {getattr(x, 'stderr', '') or ''}"[-400:], flush=True)
+            return
+        got[name].append(its)
+        print(f"  {name}: {its:.2f} it/s", flush=True)
+
+    for r in range(a.rounds):
+        print(f"round {r + 1}/{a.rounds}", flush=True)
+        for name, prefix, env in alone:
+            run(name, prefix, env)
+        if not beside:
+            continue
+        lc = subprocess.Popen([nv, "--no-mps", "-n", "16", "--latency-critical", sys.executable, "-c", IDLE_LC],
+                              stdout=subprocess.PIPE, text=True)
+        try:
+            if lc.stdout.readline().strip() != "ready":
+                print("  the idle LC task did not start", flush=True)
+                continue
+            for name, prefix, env in beside:
+                run(name, prefix, env)
+        finally:
+            lc.kill()
+            lc.wait()
+    base = statistics.median(got["plain"]) if got["plain"] else None
+    print("\nconfiguration    it/s median [min-max]   x plain")
+    for name, xs in got.items():
+        if not xs:
+            print(f"  {name:15s} -")
+            continue
+        m = statistics.median(xs)
+        ratio = f"{m / base:.3f}" if base else "-"
+        print(f"  {name:15s} {m:6.2f} [{min(xs):.2f}-{max(xs):.2f}]   {ratio}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 2 and sys.argv[1] == "_worker":
+        worker(int(sys.argv[2]))
+    else:
+        main()
