@@ -381,12 +381,9 @@ def next_command(block):
     return json.loads(line) if line.strip() else {"cmd": "quit"}
 
 
-def be_worker(ctl):
-    """Trains until told to quit, except while paused (then no work is queued on the GPU; the
-    context stays). Appends each step's completion time (CLOCK_MONOTONIC, read as the step's
-    event completes, one step queued behind it so the GPU never waits on us) to be-steps.txt."""
-    import torch
-    import transformers
+def be_trainer(torch, transformers):
+    """The BE task's work: GPT-2-medium training (random weights, bf16 autocast, batch 8 x 512,
+    AdamW); returns one training step (bench/be_cost.py runs it too)."""
     cfg = gpt2_config(transformers, None, n_layer=24, n_embd=1024, n_head=16)
     model = build_model(torch, transformers, cfg).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -399,6 +396,16 @@ def be_worker(ctl):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    return step
+
+
+def be_worker(ctl):
+    """Trains until told to quit, except while paused (then no work is queued on the GPU; the
+    context stays). Appends each step's completion time (CLOCK_MONOTONIC, read as the step's
+    event completes, one step queued behind it so the GPU never waits on us) to be-steps.txt."""
+    import torch
+    import transformers
+    step = be_trainer(torch, transformers)
     s = time.monotonic()
     for _ in range(BE_WARMUP_STEPS):
         step()
