@@ -88,6 +88,7 @@ BE_DEPTH_ENV = "NVTASKSET_BE_DEPTH"
 MPS_BE_LOW = "mps-be-low"
 # name -> (the BE's environment beyond the roles setup's, what it is)
 ROLE_VARIANTS = {
+    "roles-d8": ({BE_DEPTH_ENV: "8"}, f"BE queue of 8 launches ({BE_DEPTH_ENV}=8)"),
     "roles-d16": ({BE_DEPTH_ENV: "16"}, f"BE queue of 16 launches ({BE_DEPTH_ENV}=16)"),
     "roles-t250": ({BE_DEPTH_ENV: "256", "NVTASKSET_BE_QUEUE_US": "250"},
                    "BE queue bounded in time: 250 us, at most 256 launches"),
