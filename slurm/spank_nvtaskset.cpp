@@ -298,10 +298,11 @@ void plan_step(spank_t sp) {
   const unsigned shards = shards_s ? parse_count(shards_s->c_str()).value_or(0) : 0;
   if (g.tpcs == 0 && shards == 0 && g.role.empty()) return;  // untouched
   g.active = true;
-  // Best-effort with no count runs on every TPC, as nvtaskset --best-effort
-  // does; a reservation must say how much it reserves.
-  const bool every_tpc = g.tpcs == 0 && shards == 0;
-  if (every_tpc && g.role == "latency-critical") {
+  // The count: --gpu-tpcs, else the shards' share, else (best-effort with
+  // neither) every TPC, as nvtaskset --best-effort runs; a reservation must
+  // say how much it reserves.
+  const bool by_shards = g.tpcs == 0 && shards != 0;
+  if (g.tpcs == 0 && !by_shards && g.role == "latency-critical") {
     g.error = "nvtaskset: --gpu-role=latency-critical needs --gpu-tpcs or shards: what the step reserves";
     return;
   }
@@ -319,13 +320,13 @@ void plan_step(spank_t sp) {
     g.error = counts ? "nvtaskset: the step sees no GPU" : why;
     return;
   }
-  const unsigned total = g.tpcs == 0 && !every_tpc ? shards_total() : 0;
-  if (g.tpcs == 0 && !every_tpc && total == 0) {
+  const unsigned total = by_shards ? shards_total() : 0;
+  if (by_shards && total == 0) {
     g.error = "nvtaskset: the node's shard count is unknown (no Name=shard Count= in gres.conf; set shards=N in "
               "plugstack.conf)";
     return;
   }
-  if (g.tpcs == 0 && shards > total) {
+  if (by_shards && shards > total) {
     g.error = "nvtaskset: " + std::to_string(shards) + " shards on a GPU of " + std::to_string(total);
     return;
   }
@@ -349,7 +350,7 @@ void plan_step(spank_t sp) {
   }
   for (unsigned d = 0; d < devices; ++d) {
     // A shard's share of the TPCs, rounded down, never none.
-    const unsigned n = g.tpcs != 0 ? g.tpcs : every_tpc ? (*counts)[d] : std::max(1u, (*counts)[d] * shards / total);
+    const unsigned n = g.tpcs != 0 ? g.tpcs : by_shards ? std::max(1u, (*counts)[d] * shards / total) : (*counts)[d];
     argv.insert(argv.end(), {"-d", std::to_string(d), "-n", std::to_string(n)});
   }
   if (g.spread) argv.push_back("--spread");

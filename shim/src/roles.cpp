@@ -627,6 +627,13 @@ bool be_before(CUstream, bool, bool graph) {
   return a != roles::BeAction::kRun && !graph;
 }
 
+// Waits until the launch recorded in ring slot `o` ran: a queue wait.
+// Under g_be.qmu.
+void wait_slot(unsigned o) noexcept {
+  if (ctl::Header* h = header()) bump(h->queue_waits);
+  g_drv.event_sync.load(std::memory_order_acquire)(g_be.events[o]);
+}
+
 // The queue bounded in time: what an LC request arriving now waits behind
 // is the BE work queued ahead of it, and the oldest launch still queued was
 // queued about that long ago. Short kernels (GPT-2-medium's optimizer and
@@ -643,8 +650,7 @@ void bound_in_time(unsigned newest) noexcept {
       continue;
     }
     if (roles::monotonic_ns() - g_be.recorded_ns[o] <= g_be.queue_ns) return;
-    if (ctl::Header* h = header()) bump(h->queue_waits);
-    g_drv.event_sync.load(std::memory_order_acquire)(g_be.events[o]);
+    wait_slot(o);
     g_be.recorded[o] = false;
   }
 }
@@ -667,13 +673,10 @@ void be_after(CUstream s, bool per_thread) noexcept {
       }
       if (ctx == g_be.ctx) {
         const unsigned slot = static_cast<unsigned>((g_be.count / g_be.stride) % g_be.ring);
-        if (g_be.recorded[slot]) {
-          // The oldest queued launch: wait until it ran.
-          if (g_drv.event_query.load(std::memory_order_acquire)(g_be.events[slot]) == CUDA_ERROR_NOT_READY) {
-            if (ctl::Header* h = header()) bump(h->queue_waits);
-            g_drv.event_sync.load(std::memory_order_acquire)(g_be.events[slot]);
-          }
-        }
+        // The oldest queued launch: wait until it ran.
+        if (g_be.recorded[slot] &&
+            g_drv.event_query.load(std::memory_order_acquire)(g_be.events[slot]) == CUDA_ERROR_NOT_READY)
+          wait_slot(slot);
         g_be.recorded[slot] = record(g_be.events[slot], s, per_thread) == CUDA_SUCCESS;
         if (g_be.queue_ns != 0) {
           g_be.recorded_ns[slot] = roles::monotonic_ns();
