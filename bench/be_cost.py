@@ -11,6 +11,7 @@ interleaved round by round.
                launched, then asleep): the queue is bounded to NVTASKSET_BE_DEPTH launches (4)
   role+lc dN   the same with NVTASKSET_BE_DEPTH=N (an event every N/4 launches, at most 64 events)
   role+lc t500 NVTASKSET_BE_DEPTH=256 and NVTASKSET_BE_QUEUE_US=500
+  role+lc wN   NVTASKSET_BE_WORK_US=N: at most N us of work queued, in learned kernel durations
 
 Without MPS (--no-mps; the LC task is idle, so nothing contends). Prints each configuration's
 it/s (median over rounds, min-max) and its ratio to plain. With --compare B, every role+lc
@@ -64,7 +65,9 @@ def main():
     alone = [("plain", [], {}), ("role", role, {})]
     variants = [("role+lc", {}), ("role+lc d16", {"NVTASKSET_BE_DEPTH": "16"}),
                 ("role+lc d64", {"NVTASKSET_BE_DEPTH": "64"}), ("role+lc d1024", {"NVTASKSET_BE_DEPTH": "1024"}),
-                ("role+lc t500", {"NVTASKSET_BE_DEPTH": "256", "NVTASKSET_BE_QUEUE_US": "500"})]
+                ("role+lc t500", {"NVTASKSET_BE_DEPTH": "256", "NVTASKSET_BE_QUEUE_US": "500"}),
+                ("role+lc w250", {"NVTASKSET_BE_WORK_US": "250"}), ("role+lc w500", {"NVTASKSET_BE_WORK_US": "500"}),
+                ("role+lc w1000", {"NVTASKSET_BE_WORK_US": "1000"})]
     beside = [(name, role, env) for name, env in variants]
     if a.compare:
         beside += [("B: " + name, [a.compare, "--no-mps", "--best-effort"], env) for name, env in variants]

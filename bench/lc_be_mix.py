@@ -96,6 +96,9 @@ ROLE_VARIANTS = {
                    "BE queue bounded in time: 500 us, at most 256 launches"),
     "roles-t1000": ({BE_DEPTH_ENV: "256", "NVTASKSET_BE_QUEUE_US": "1000"},
                     "BE queue bounded in time: 1 ms, at most 256 launches"),
+    "roles-w250": ({"NVTASKSET_BE_WORK_US": "250"}, "BE queue bounded in learned work: 250 us"),
+    "roles-w500": ({"NVTASKSET_BE_WORK_US": "500"}, "BE queue bounded in learned work: 500 us"),
+    "roles-w1000": ({"NVTASKSET_BE_WORK_US": "1000"}, "BE queue bounded in learned work: 1 ms"),
     "roles-floor": ({YIELD_ENV: "floor"}, f"BE on its floor while LC bursts ({YIELD_ENV}=floor)"),
     "roles-run": ({YIELD_ENV: "run"}, f"BE not held while LC bursts ({YIELD_ENV}=run)"),
 }

@@ -269,4 +269,61 @@ BeAction be_action(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noe
   return a;
 }
 
+
+std::uint64_t KernelDurations::estimate(std::uint64_t key, std::uint64_t unknown) const noexcept {
+  for (unsigned i = 0; i < kProbe; ++i) {
+    const Entry& e = e_[(key + i) % kSlots];
+    if (e.key == key) return e.ns;
+    if (e.key == 0) break;
+  }
+  return unknown;
+}
+
+void KernelDurations::learn(std::uint64_t key, std::uint64_t sample_ns) noexcept {
+  sample_ns = std::min<std::uint64_t>(sample_ns, 1'000'000'000);  // a second: not a kernel, a stall
+  for (unsigned i = 0; i < kProbe; ++i) {
+    Entry& e = e_[(key + i) % kSlots];
+    if (e.key == key) {
+      e.ns = e.ns - e.ns / 4 + sample_ns / 4;
+      return;
+    }
+    if (e.key == 0) {
+      e.key = key;
+      e.ns = sample_ns;
+      return;
+    }
+  }
+}
+
+WorkQueue::WorkQueue(std::uint64_t bound_ns, unsigned max_launches) noexcept
+    : bound_ns_(bound_ns), max_(std::clamp(max_launches, 1u, kRing - 1)) {}
+
+void WorkQueue::push(std::uint64_t key) noexcept {
+  Slot& s = slots_[next_slot()];
+  s.key = key;
+  // Not learned yet: counted as the whole bound, so an unknown kernel is
+  // queued behind nothing else (the first training step runs shallow once).
+  s.est = durations_.estimate(key, bound_ns_);
+  s.behind = chained_ && size_ > 0;
+  queued_ns_ += s.est;
+  ++size_;
+  chained_ = true;
+}
+
+bool WorkQueue::wants_sample() const noexcept {
+  return size_ > 0 && slots_[oldest()].behind && prev_completed_;
+}
+
+void WorkQueue::pop(std::int64_t elapsed_ns) noexcept {
+  if (size_ == 0) return;
+  const Slot& s = slots_[oldest()];
+  if (wants_sample() && elapsed_ns >= 0) durations_.learn(s.key, static_cast<std::uint64_t>(elapsed_ns));
+  queued_ns_ -= std::min(queued_ns_, s.est);
+  ++head_;
+  --size_;
+  // The next oldest was queued behind this one (if `behind`), whose event
+  // now marks its start.
+  prev_completed_ = true;
+}
+
 }  // namespace nvtaskset::roles

@@ -400,15 +400,15 @@ using StreamOpFn = CUresult (*)(CUgraphExec, CUstream);
 // A graph launch is a launch for the roles (roles.hpp): a latency-critical
 // task is busy until it completes; a best-effort one waits its turn first.
 CUresult w_launch(CUgraphExec e, CUstream s) {
-  const std::uint64_t t = roles_shim::before_graph_launch(s, false);
+  const std::uint64_t t = roles_shim::before_graph_launch(e, s, false);
   const CUresult rc = run_fresh(e, [&] { return real<StreamOpFn>(kLaunch)(e, s); });
-  roles_shim::after_graph_launch(t, s, false);
+  roles_shim::after_graph_launch(t, e, s, false);
   return rc;
 }
 CUresult w_launch_ptsz(CUgraphExec e, CUstream s) {
-  const std::uint64_t t = roles_shim::before_graph_launch(s, true);
+  const std::uint64_t t = roles_shim::before_graph_launch(e, s, true);
   const CUresult rc = run_fresh(e, [&] { return real<StreamOpFn>(kLaunchPtsz)(e, s); });
-  roles_shim::after_graph_launch(t, s, true);
+  roles_shim::after_graph_launch(t, e, s, true);
   return rc;
 }
 CUresult w_upload(CUgraphExec e, CUstream s) {

@@ -55,6 +55,7 @@ void sleep_ns(long ns) noexcept {
 using EventCreateFn = CUresult (*)(CUevent*, unsigned);
 using EventRecordFn = CUresult (*)(CUevent, CUstream);
 using EventFn = CUresult (*)(CUevent);
+using ElapsedFn = CUresult (*)(float*, CUevent, CUevent);
 using IsCapturingFn = CUresult (*)(CUstream, CUstreamCaptureStatus*);
 using CtxGetFn = CUresult (*)(CUcontext*);
 using CtxSetFn = CUresult (*)(CUcontext);
@@ -65,6 +66,7 @@ struct Driver {
   std::atomic<EventRecordFn> event_record_ptsz{nullptr};
   std::atomic<EventFn> event_query{nullptr};
   std::atomic<EventFn> event_sync{nullptr};
+  std::atomic<ElapsedFn> event_elapsed{nullptr};
   std::atomic<IsCapturingFn> is_capturing{nullptr};
   std::atomic<IsCapturingFn> is_capturing_ptsz{nullptr};
   std::atomic<CtxGetFn> ctx_get{nullptr};
@@ -96,10 +98,11 @@ bool capturing(CUstream s, bool per_thread) noexcept {
 // off: only completion is asked). Not CU_EVENT_BLOCKING_SYNC: the waits are
 // short, and a blocked thread's wake-up left the GPU idle between short
 // best-effort kernels.
-bool create_events(CUevent* events, unsigned n) noexcept {
+// The work bound (NVTASKSET_BE_WORK_US) times its events: `timing`.
+bool create_events(CUevent* events, unsigned n, bool timing = false) noexcept {
   const EventCreateFn create = g_drv.event_create.load(std::memory_order_acquire);
   for (unsigned i = 0; i < n; ++i)
-    if (create(&events[i], CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return false;
+    if (create(&events[i], timing ? CU_EVENT_DEFAULT : CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS) return false;
   return true;
 }
 
@@ -495,6 +498,10 @@ struct BeState {
   // NVTASKSET_BE_QUEUE_US in ns (0: none): while the oldest launch still
   // queued was queued longer ago than this, the next launch waits for it.
   std::uint64_t queue_ns = 0;
+  // NVTASKSET_BE_WORK_US (nullptr: none): the queue bounded in learned
+  // kernel durations, one timed event per launch in events[].
+  roles::WorkQueue* work = nullptr;
+  std::atomic<bool> unchained{false};
 };
 constinit BeState g_be{};
 
@@ -655,13 +662,71 @@ void bound_in_time(unsigned newest) noexcept {
   }
 }
 
+// The oldest launch of the work queue completed (or is waited for first,
+// `wait`): learn its duration where it can. Under g_be.qmu.
+void work_pop(bool wait) noexcept {
+  roles::WorkQueue& q = *g_be.work;
+  const unsigned o = q.oldest();
+  if (wait) wait_slot(o);
+  std::int64_t ns = -1;
+  if (q.wants_sample()) {
+    float ms = 0;
+    if (g_drv.event_elapsed.load(std::memory_order_acquire)(&ms, g_be.events[q.prev_slot()], g_be.events[o]) ==
+            CUDA_SUCCESS &&
+        ms >= 0)
+      ns = static_cast<std::int64_t>(static_cast<double>(ms) * 1e6);
+  }
+  q.pop(ns);
+}
+
+// Before a best-effort launch, under the work bound: completed launches
+// leave the queue (and teach their durations), and the task waits while
+// this kernel would put more than the bound of learned work in it. Before
+// the hold decision (be_before), so that a launch that waited here still
+// makes way for an LC task that became busy meanwhile.
+void work_wait(std::uint64_t key) noexcept {
+  if (g_be.work == nullptr || !g_be.any_lc.load(std::memory_order_acquire)) return;
+  if (g_captures.load(std::memory_order_acquire) != 0) return;  // no driver call of ours during a capture
+  pthread_mutex_lock(&g_be.qmu);
+  roles::WorkQueue& q = *g_be.work;
+  const auto query = g_drv.event_query.load(std::memory_order_acquire);
+  while (!q.empty() && query(g_be.events[q.oldest()]) != CUDA_ERROR_NOT_READY) work_pop(false);
+  while (!q.fits(key)) work_pop(true);
+  pthread_mutex_unlock(&g_be.qmu);
+}
+
 // After a best-effort launch: at most `depth` launches queued while an LC
 // task exists. With none, the queue is the program's own: a BE task with no
 // LC task gets everything, its throughput included. (An LC task that then
 // starts may find a deep queue once: the bound holds from the next launch.)
-void be_after(CUstream s, bool per_thread) noexcept {
-  if (!g_be.bounded || !g_be.any_lc.load(std::memory_order_acquire)) return;
+void be_after(CUstream s, bool per_thread, std::uint64_t key) noexcept {
+  if (!g_be.bounded || !g_be.any_lc.load(std::memory_order_acquire)) {
+    if (g_be.work != nullptr) g_be.unchained.store(true, std::memory_order_relaxed);
+    return;
+  }
   pthread_mutex_lock(&g_be.qmu);
+  if (g_be.work != nullptr) {
+    // Launches that went unrecorded (no LC task then, a capture, another
+    // context) break the chain of durations.
+    if (g_be.unchained.exchange(false, std::memory_order_relaxed)) g_be.work->gap();
+    CUcontext ctx = nullptr;
+    if (!g_be.ring_failed && g_captures.load(std::memory_order_acquire) == 0 && !capturing(s, per_thread) &&
+        g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) == CUDA_SUCCESS && ctx != nullptr) {
+      if (g_be.ctx == nullptr) {
+        if (create_events(g_be.events, roles::WorkQueue::kRing, true)) g_be.ctx = ctx;
+        else g_be.ring_failed = true;
+      }
+      roles::WorkQueue& q = *g_be.work;
+      if (ctx != g_be.ctx) q.gap();
+      else if (q.full()) q.gap();  // another thread's launches filled it since work_wait
+      else if (record(g_be.events[q.next_slot()], s, per_thread) == CUDA_SUCCESS) q.push(key);
+      else q.gap();
+    } else {
+      g_be.work->gap();
+    }
+    pthread_mutex_unlock(&g_be.qmu);
+    return;
+  }
   ++g_be.count;
   if (g_be.count % g_be.stride == 0 && !g_be.ring_failed && g_captures.load(std::memory_order_acquire) == 0 &&
       !capturing(s, per_thread)) {
@@ -692,14 +757,17 @@ void be_after(CUstream s, bool per_thread) noexcept {
 
 struct Launch {
   std::uint64_t lc_seq = 0;
+  std::uint64_t key = 0;  // the kernel, for the work bound
   bool floor = false;
 };
 
-Launch before(CUstream s, bool per_thread, bool graph) noexcept {
+Launch before(CUstream s, bool per_thread, bool graph, std::uint64_t key) noexcept {
   Launch l;
+  l.key = key;
   switch (static_cast<Role>(g_role.load(std::memory_order_relaxed))) {
     case Role::kLatencyCritical: l.lc_seq = lc_before(s, per_thread); break;
     case Role::kBestEffort:
+      work_wait(key);
       try {
         l.floor = be_before(s, per_thread, graph);
       } catch (const std::exception&) {
@@ -717,7 +785,7 @@ void after(const Launch& l, CUstream s, bool per_thread) noexcept {
     case Role::kLatencyCritical: lc_after(l.lc_seq, s, per_thread); break;
     case Role::kBestEffort:
       if (l.floor) g_floor_users.fetch_sub(1, std::memory_order_acq_rel);
-      be_after(s, per_thread);
+      be_after(s, per_thread, l.key);
       break;
     case Role::kNone: break;
   }
@@ -752,7 +820,7 @@ using CoopFn = CUresult (*)(CUfunction, unsigned, unsigned, unsigned, unsigned, 
 template <Fn F, bool kPtsz>
 CUresult w_launch_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                          unsigned shm, CUstream s, void** params, void** extra) {
-  const Launch l = before(s, kPtsz, false);
+  const Launch l = before(s, kPtsz, false, roles::kernel_key(f, std::uint64_t{gx} * gy * gz));
   const CUresult rc = real<LaunchKernelFn>(F)(f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
   after(l, s, kPtsz);
   return rc;
@@ -761,7 +829,9 @@ CUresult w_launch_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, un
 template <Fn F, bool kPtsz>
 CUresult w_launch_kernel_ex(const CUlaunchConfig* cfg, CUfunction f, void** params, void** extra) {
   CUstream s = cfg != nullptr ? cfg->hStream : nullptr;
-  const Launch l = before(s, kPtsz, false);
+  const Launch l =
+      before(s, kPtsz, false,
+             roles::kernel_key(f, cfg != nullptr ? std::uint64_t{cfg->gridDimX} * cfg->gridDimY * cfg->gridDimZ : 0));
   const CUresult rc = real<LaunchKernelExFn>(F)(cfg, f, params, extra);
   after(l, s, kPtsz);
   return rc;
@@ -770,7 +840,7 @@ CUresult w_launch_kernel_ex(const CUlaunchConfig* cfg, CUfunction f, void** para
 template <Fn F, bool kPtsz>
 CUresult w_coop(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
                 unsigned shm, CUstream s, void** params) {
-  const Launch l = before(s, kPtsz, false);
+  const Launch l = before(s, kPtsz, false, roles::kernel_key(f, std::uint64_t{gx} * gy * gz));
   const CUresult rc = real<CoopFn>(F)(f, gx, gy, gz, bx, by, bz, shm, s, params);
   after(l, s, kPtsz);
   return rc;
@@ -846,6 +916,7 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
   load(g_drv.event_record_ptsz, driver, "cuEventRecord_ptsz");
   load(g_drv.event_query, driver, "cuEventQuery");
   load(g_drv.event_sync, driver, "cuEventSynchronize");
+  load(g_drv.event_elapsed, driver, "cuEventElapsedTime");
   load(g_drv.is_capturing, driver, "cuStreamIsCapturing");
   load(g_drv.is_capturing_ptsz, driver, "cuStreamIsCapturing_ptsz");
   load(g_drv.ctx_get, driver, "cuCtxGetCurrent");
@@ -877,8 +948,18 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
       const NumberValue q = number(Option::kBeQueueUs, 0, 1'000'000, 0);
       if (q.bad) warn("NVTASKSET_BE_QUEUE_US: not a number from 0 to 1000000; no time bound");
       g_be.queue_ns = q.value * 1000;
+      const NumberValue w = number(Option::kBeWorkUs, 0, 1'000'000, 0);
+      if (w.bad) warn("NVTASKSET_BE_WORK_US: not a number from 0 to 1000000; no work bound");
+      if (w.value != 0 && g_drv.event_elapsed.load(std::memory_order_acquire) == nullptr)
+        warn("NVTASKSET_BE_WORK_US: the driver has no cuEventElapsedTime; no work bound");
+      else if (w.value != 0)
+        // At most NVTASKSET_BE_DEPTH launches too (a ring of 64 events, so 63 by default).
+        g_be.work = new roles::WorkQueue(w.value * 1000, option_value(Option::kBeDepth) != nullptr
+                                                            ? g_be.depth
+                                                            : roles::WorkQueue::kRing - 1);
       // Bounded under hold, or when a bound was asked for.
-      g_be.bounded = g_be.yield == BeYield::kHold || option_value(Option::kBeDepth) != nullptr || g_be.queue_ns != 0;
+      g_be.bounded = g_be.yield == BeYield::kHold || option_value(Option::kBeDepth) != nullptr || g_be.queue_ns != 0 ||
+                     g_be.work != nullptr;
       // One event per `stride` launches (a quarter of the depth; with a
       // time bound, as many as fit in 64), at most 64 events: the queue is
       // bounded to `depth` launches, give or take one stride. Every event
@@ -917,13 +998,14 @@ void hand_out(void** pfn) noexcept {
     }
 }
 
-std::uint64_t before_graph_launch(CUstream s, bool per_thread) noexcept {
-  return before(s, per_thread, true).lc_seq;  // a graph never runs on the floor
+std::uint64_t before_graph_launch(const void* exec, CUstream s, bool per_thread) noexcept {
+  return before(s, per_thread, true, roles::kernel_key(exec, 0)).lc_seq;  // a graph never runs on the floor
 }
 
-void after_graph_launch(std::uint64_t token, CUstream s, bool per_thread) noexcept {
+void after_graph_launch(std::uint64_t token, const void* exec, CUstream s, bool per_thread) noexcept {
   Launch l;
   l.lc_seq = token;
+  l.key = roles::kernel_key(exec, 0);
   after(l, s, per_thread);
 }
 

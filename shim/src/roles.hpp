@@ -48,8 +48,8 @@ void hand_out(void** pfn) noexcept;
 // Around a graph launch (graphs.cpp): the same as around a kernel launch,
 // except that a best-effort graph never runs on the floor.
 // The token before_ returns goes to after_.
-std::uint64_t before_graph_launch(CUstream s, bool per_thread) noexcept;
-void after_graph_launch(std::uint64_t token, CUstream s, bool per_thread) noexcept;
+std::uint64_t before_graph_launch(const void* exec, CUstream s, bool per_thread) noexcept;
+void after_graph_launch(std::uint64_t token, const void* exec, CUstream s, bool per_thread) noexcept;
 
 // The launch callback: the mask for a kernel of the entry in `slot` whose
 // partition is `enabled`, with clusters of `cluster_blocks` (0: none).

@@ -873,6 +873,70 @@ TEST_F(Roles, BestEffortQueueIsBoundedInTime) {
   stop("lc", *lp);
 }
 
+// NVTASKSET_BE_WORK_US: the queue bounded in the kernels' durations as the
+// GPU timed them. The stand-in's kernels take 100 us on its virtual GPU
+// clock (FAKECUDA_KERNEL_US; no timing in the test). Held from its first
+// launch, the task's kernel is not known yet and counts as the whole bound
+// (500 us): one launch goes, one queues behind it, the third waits.
+// Released, the queue learns 100 us; held again, one launch and 500 us
+// behind it go (6), and the 7th waits.
+TEST_F(Roles, BestEffortQueueIsBoundedInLearnedWork) {
+  Proc* lp = nullptr;
+  ASSERT_GT(start_idle_lc_then_hold(&lp), 0);
+  Env env = env_;
+  env["NVTASKSET_BE_WORK_US"] = "500";
+  env["FAKECUDA_KERNEL_US"] = "100";
+  Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--until-file", path("until.be"), "--interval-ms",
+                    "20", "--ready-file", path("ready.be")},
+                   env);
+  ASSERT_GT(wait_ready(path("ready.be"), be), 0);
+  wait_task(be.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
+  EXPECT_EQ(records_of(be.pid).size(), 2u) << "an unknown kernel is the whole bound: one behind the first";
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(records_of(be.pid).size(), 2u) << "it waits while its oldest launch runs";
+  fs::remove(hold_);
+  wait_until([&] { return records_of(be.pid).size() >= 8; }, kStateWait);
+  ASSERT_GE(records_of(be.pid).size(), 8u) << "it went on once its launches ran";
+  const std::uint64_t waits = counter(task(be.pid), "queue_waits");
+  const std::size_t before = records_of(be.pid).size();
+  touch(hold_);
+  wait_task(be.pid, [&](const nlohmann::json& x) { return counter(x, "queue_waits") > waits; }, "a second queue wait");
+  std::this_thread::sleep_for(200ms);
+  const std::size_t held = records_of(be.pid).size() - before;
+  // 6 held (one running, 5 x 100 us behind it), plus the one launch that
+  // may have found the file not yet there.
+  EXPECT_GE(held, 6u);
+  EXPECT_LE(held, 7u);
+  fs::remove(hold_);
+  stop("be", be);
+  EXPECT_EQ(be.err(), "");
+
+  // A bound in launches would have let 4 go (the test above); without the
+  // stand-in's timing (kernels of 0 us) every learned kernel is free, and
+  // only the 63-launch cap holds: no wait before it.
+  touch(hold_);
+  env["FAKECUDA_KERNEL_US"] = "0";
+  env["NVTASKSET_BE_DEPTH"] = "8";
+  Proc& capped = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "12"}, env);
+  wait_task(capped.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
+  EXPECT_EQ(records_of(capped.pid).size(), 2u) << "unknown kernels: one behind the first, whatever the cap";
+  fs::remove(hold_);
+  EXPECT_TRUE(ExitedWith(capped.wait(), 0));
+  EXPECT_EQ(records_of(capped.pid).size(), 12u);
+  stop("lc", *lp);
+}
+
+TEST_F(Roles, BadWorkBoundIsOneWarningAndTheTaskRuns) {
+  Env env = env_;
+  env["NVTASKSET_BE_WORK_US"] = "2000000";
+  const Result r = run({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "3"}, env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  const auto ls = lines_of(r.err);
+  ASSERT_EQ(ls.size(), 1u) << r;
+  EXPECT_NE(ls[0].find("NVTASKSET_BE_WORK_US: not a number from 0 to 1000000"), std::string::npos) << r;
+  EXPECT_EQ(records_of(printed_pid(r.out)).size(), 3u);
+}
+
 TEST_F(Roles, BestEffortWithNoLatencyCriticalTaskQueuesFreely) {
   // No LC task: nothing would wait behind the queue, so it is not bounded
   // (a BE task alone gets everything, its throughput too). The same launches

@@ -85,6 +85,12 @@
 // file again should let the stand-in see it gone first (e.g. by a query).
 // Independently of FAKECUDA_HOLD, an event recorded on a stream stuck behind
 // a probe kernel that can never run (see "Kernels") never completes.
+// Event timing: the stand-in has no clock of its own. Each kernel launched
+// takes FAKECUDA_KERNEL_US (default 0) on a virtual GPU clock, and an event
+// is stamped with that clock when it is recorded (the kernels the process
+// launched before it); cuEventElapsedTime gives the difference, in ms, once
+// both are complete, and CUDA_ERROR_INVALID_HANDLE for an event created with
+// CU_EVENT_DISABLE_TIMING or never recorded, as the real driver does.
 // cuStreamIsCapturing always answers CU_STREAM_CAPTURE_STATUS_NONE: the
 // stand-in has no stream capture.
 //
@@ -190,6 +196,7 @@ struct Config {
   std::string record_path;
   std::vector<unsigned> tpc_bits;  // FAKECUDA_TPC_BITS: the mask bit of each logical TPC
   std::string hold_path;           // FAKECUDA_HOLD
+  std::uint64_t kernel_ns = 0;     // FAKECUDA_KERNEL_US, on the virtual GPU clock
 };
 
 long parse_int(const char* name, const char* v, long lo, long hi) {
@@ -237,6 +244,8 @@ Config load_config() {
   if (const char* v = std::getenv("FAKECUDA_INITIAL_MASK")) c.initial_mask = parse_hex128("FAKECUDA_INITIAL_MASK", v);
   if (const char* v = std::getenv("FAKECUDA_RECORD")) c.record_path = v;
   if (const char* v = std::getenv("FAKECUDA_HOLD")) c.hold_path = v;
+  if (const char* v = std::getenv("FAKECUDA_KERNEL_US"))
+    c.kernel_ns = static_cast<std::uint64_t>(parse_int("FAKECUDA_KERNEL_US", v, 0, 1'000'000)) * 1000;
   const unsigned tpcs = c.sm_count / 2;
   if (const char* v = std::getenv("FAKECUDA_TPC_BITS")) {
     std::string_view rest = v;
@@ -548,7 +557,11 @@ bool released(std::uint64_t target);
 
 // A kernel was launched: it keeps running while the hold file exists. A
 // launch that finds the file gone notices that the earlier ones finished.
+// The virtual GPU clock (see "Event timing"): the kernel time launched so far.
+std::atomic<std::uint64_t> g_gpu_ns{0};
+
 void note_launch() {
+  g_gpu_ns.fetch_add(config().kernel_ns);
   if (config().hold_path.empty()) return;
   const std::uint64_t before = g_held_launches.load();
   if (hold_file_exists()) g_held_launches.fetch_add(1);
@@ -624,6 +637,9 @@ FakeStream* stream_of(CUstream s) {
 struct FakeEvent {
   std::uint64_t held = 0;  // held launches 1..held must finish; 0: none
   bool stuck = false;      // recorded behind a kernel that never runs
+  bool timing = true;      // not CU_EVENT_DISABLE_TIMING
+  bool recorded = false;
+  std::uint64_t gpu_ns = 0;  // the virtual GPU clock when it completes
 };
 std::mutex g_event_mutex;  // guards the live set and every event's fields
 std::set<FakeEvent*> g_live_events;
@@ -1368,6 +1384,7 @@ CUresult CUDAAPI cuEventCreate(CUevent* e, unsigned int flags) {
   // which CUDA accepts only with DISABLE_TIMING.
   if ((flags & ~7u) || ((flags & 4u) && !(flags & CU_EVENT_DISABLE_TIMING))) return CUDA_ERROR_INVALID_VALUE;
   auto* ev = new FakeEvent;
+  ev->timing = !(flags & CU_EVENT_DISABLE_TIMING);
   {
     std::lock_guard lock(g_event_mutex);
     g_live_events.insert(ev);
@@ -1395,6 +1412,8 @@ CUresult CUDAAPI cuEventRecord(CUevent e, CUstream s) {
   if (it == g_live_events.end()) return CUDA_ERROR_INVALID_HANDLE;
   (*it)->held = held;  // replaces what it waited for
   (*it)->stuck = stuck;
+  (*it)->recorded = true;
+  (*it)->gpu_ns = g_gpu_ns.load();
   return CUDA_SUCCESS;
 }
 CUresult CUDAAPI cuEventQuery(CUevent e) {
@@ -1403,6 +1422,19 @@ CUresult CUDAAPI cuEventQuery(CUevent e) {
   if (!event_state(e, state)) return CUDA_ERROR_INVALID_HANDLE;
   return state.stuck || !released(state.held) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
+// As CUDA documents it: both events recorded and complete, both with timing.
+// Not in cuda_driver_api.hpp (the shim looks it up by name), so exported here.
+__attribute__((visibility("default"))) CUresult CUDAAPI cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
+  if (!ms) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = check_init()) return r;
+  FakeEvent a, b;
+  if (!event_state(start, a) || !event_state(end, b)) return CUDA_ERROR_INVALID_HANDLE;
+  if (!a.timing || !b.timing || !a.recorded || !b.recorded) return CUDA_ERROR_INVALID_HANDLE;
+  if (a.stuck || b.stuck || !released(a.held) || !released(b.held)) return CUDA_ERROR_NOT_READY;
+  *ms = static_cast<float>((static_cast<double>(b.gpu_ns) - static_cast<double>(a.gpu_ns)) / 1e6);
+  return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuEventSynchronize(CUevent e) {
   if (CUresult r = check_init()) return r;
   FakeEvent state;
@@ -1482,6 +1514,7 @@ const ProcEntry kProcs[] = {
     FAKECUDA_PROC(cuEventRecord),
     {"cuEventRecord_ptsz", reinterpret_cast<const void*>(&cuEventRecord)},
     FAKECUDA_PROC(cuEventQuery),
+    FAKECUDA_PROC(cuEventElapsedTime),
     FAKECUDA_PROC(cuEventSynchronize),
     FAKECUDA_PROC(cuLaunchCooperativeKernel),
     {"cuLaunchCooperativeKernel_ptsz", reinterpret_cast<const void*>(&cuLaunchCooperativeKernel)},

@@ -901,5 +901,174 @@ TEST_F(Beacons, ScanIgnoresFilesALiveTaskWouldNotHaveWritten) {
   EXPECT_EQ(count_marker(scan_beacons(self, {}), 103), 1u);
 }
 
+
+// ---- the BE queue bounded in work (NVTASKSET_BE_WORK_US): traces ---------------------------
+
+constexpr std::uint64_t kUs = 1000;
+
+TEST(KernelDurations, UnknownUntilLearnedThenAMovingAverage) {
+  KernelDurations d;
+  const std::uint64_t k = kernel_key(reinterpret_cast<const void*>(0x1000), 132);
+  EXPECT_EQ(d.estimate(k, 777), 777u);
+  d.learn(k, 400 * kUs);
+  EXPECT_EQ(d.estimate(k, 777), 400 * kUs);  // the first sample as it is
+  d.learn(k, 800 * kUs);
+  EXPECT_EQ(d.estimate(k, 777), 500 * kUs);  // a quarter weight
+  d.learn(k, 5'000'000'000ull);               // a stall, not a kernel: at most a second
+  EXPECT_EQ(d.estimate(k, 777), 375 * kUs + 250'000 * kUs);
+}
+
+TEST(KernelDurations, TheGridSizeIsPartOfTheKernel) {
+  const void* f = reinterpret_cast<const void*>(0x2000);
+  EXPECT_NE(kernel_key(f, 1), kernel_key(f, 2));
+  EXPECT_NE(kernel_key(f, 1), kernel_key(reinterpret_cast<const void*>(0x2008), 1));
+  EXPECT_NE(kernel_key(nullptr, 0), 0u);
+  KernelDurations d;
+  d.learn(kernel_key(f, 1), 10 * kUs);
+  d.learn(kernel_key(f, 2), 900 * kUs);
+  EXPECT_EQ(d.estimate(kernel_key(f, 1), 0), 10 * kUs);
+  EXPECT_EQ(d.estimate(kernel_key(f, 2), 0), 900 * kUs);
+}
+
+TEST(KernelDurations, AFullNeighbourhoodLearnsNothingAndForgetsNothing) {
+  KernelDurations d;
+  // Keys that all hash to the same first slot: kProbe of them fit.
+  for (unsigned i = 0; i <= KernelDurations::kProbe; ++i) d.learn(1 + i * KernelDurations::kSlots, (i + 1) * kUs);
+  for (unsigned i = 0; i < KernelDurations::kProbe; ++i)
+    EXPECT_EQ(d.estimate(1 + i * KernelDurations::kSlots, 0), (i + 1) * kUs) << i;
+  EXPECT_EQ(d.estimate(1 + KernelDurations::kProbe * KernelDurations::kSlots, 42), 42u);
+}
+
+// A recorded trace: a BE task's launches with the queue's answers, the
+// shim's part played by hand (reap what completed, wait while a launch does
+// not fit, record, push).
+struct Trace {
+  WorkQueue q;
+  std::vector<std::uint64_t> done_at;  // per slot: the GPU clock when its launch completed
+  Trace(std::uint64_t bound, unsigned max) : q(bound, max), done_at(WorkQueue::kRing, 0) {}
+  // The oldest launch completed at `t` (ns on the GPU's clock).
+  void complete_oldest() {
+    const std::int64_t e =
+        q.wants_sample() ? static_cast<std::int64_t>(done_at[q.oldest()] - done_at[q.prev_slot()]) : -1;
+    q.pop(e);
+  }
+};
+
+TEST(WorkQueue, AnUnknownKernelCountsAsTheWholeBound) {
+  WorkQueue q(500 * kUs, 63);
+  const std::uint64_t k = kernel_key(reinterpret_cast<const void*>(0x10), 1);
+  EXPECT_TRUE(q.fits(k));  // empty: anything goes
+  q.push(k);
+  EXPECT_EQ(q.queued_ns(), 500 * kUs);
+  EXPECT_TRUE(q.fits(k));  // nothing behind the oldest yet: one unknown fits
+  q.push(k);
+  EXPECT_FALSE(q.fits(k)) << "a second unknown behind the oldest is past the bound";
+}
+
+TEST(WorkQueue, LearnsOnlyFromLaunchesQueuedBehindTheOneBefore) {
+  Trace t(500 * kUs, 63);
+  const std::uint64_t k = kernel_key(reinterpret_cast<const void*>(0x20), 64);
+  // Launch 1 into an empty queue, launch 2 behind it; 1 ends at 1000 us, 2 at 1100 us.
+  t.done_at[t.q.next_slot()] = 1000 * kUs;
+  t.q.push(k);
+  t.done_at[t.q.next_slot()] = 1100 * kUs;
+  t.q.push(k);
+  EXPECT_FALSE(t.q.wants_sample()) << "launch 1 queued behind nothing: its start is not known";
+  t.complete_oldest();
+  EXPECT_TRUE(t.q.wants_sample());
+  t.complete_oldest();
+  EXPECT_TRUE(t.q.empty());
+  EXPECT_EQ(t.q.durations().estimate(k, 0), 100 * kUs);
+  EXPECT_EQ(t.q.queued_ns(), 0u);
+  // A launch into the empty queue again: not behind, nothing learned.
+  t.done_at[t.q.next_slot()] = 9000 * kUs;
+  t.q.push(k);
+  EXPECT_FALSE(t.q.wants_sample());
+  t.complete_oldest();
+  EXPECT_EQ(t.q.durations().estimate(k, 0), 100 * kUs);
+}
+
+TEST(WorkQueue, AGapBreaksTheChain) {
+  Trace t(500 * kUs, 63);
+  const std::uint64_t k = kernel_key(reinterpret_cast<const void*>(0x30), 1);
+  t.done_at[t.q.next_slot()] = 100 * kUs;
+  t.q.push(k);
+  t.q.gap();  // a launch went unrecorded: the next one's time since the last recorded is two kernels
+  t.done_at[t.q.next_slot()] = 300 * kUs;
+  t.q.push(k);
+  t.complete_oldest();
+  EXPECT_FALSE(t.q.wants_sample());
+  t.complete_oldest();
+  EXPECT_EQ(t.q.durations().estimate(k, 1), 1u) << "nothing learned across the gap";
+}
+
+TEST(WorkQueue, TheBoundCountsTheWorkBehindTheOldest) {
+  WorkQueue q(500 * kUs, 63);
+  const std::uint64_t shortk = kernel_key(reinterpret_cast<const void*>(0x40), 1);
+  const std::uint64_t longk = kernel_key(reinterpret_cast<const void*>(0x48), 1);
+  q.durations().learn(shortk, 100 * kUs);
+  q.durations().learn(longk, 6000 * kUs);
+  // A long kernel running: short ones queue behind it up to the bound (its
+  // remainder is what an LC request waits anyway).
+  q.push(longk);
+  unsigned behind = 0;
+  while (q.fits(shortk)) {
+    q.push(shortk);
+    ++behind;
+  }
+  EXPECT_EQ(behind, 5u);
+  EXPECT_EQ(q.queued_ns(), 6500 * kUs);
+  // A long kernel goes only into an empty queue: never queued behind another.
+  WorkQueue l(500 * kUs, 63);
+  l.durations().learn(longk, 6000 * kUs);
+  EXPECT_TRUE(l.fits(longk));
+  l.push(longk);
+  EXPECT_FALSE(l.fits(longk));
+  l.pop(-1);
+  EXPECT_TRUE(l.fits(longk));
+}
+
+TEST(WorkQueue, AtMostMaxLaunchesWhateverTheirWork) {
+  WorkQueue q(1'000'000 * kUs, 3);
+  const std::uint64_t k = kernel_key(reinterpret_cast<const void*>(0x50), 1);
+  q.durations().learn(k, 1 * kUs);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(q.fits(k));
+    q.push(k);
+  }
+  EXPECT_TRUE(q.full());
+  EXPECT_FALSE(q.fits(k));
+  // At most kRing - 1: while a launch may still be recorded, its slot is
+  // never the one before the oldest, whose event its sample reads.
+  WorkQueue big(1'000'000 * kUs, 1000);
+  for (unsigned i = 0; i < WorkQueue::kRing - 1; ++i) {
+    ASSERT_FALSE(big.full()) << i;
+    EXPECT_NE(big.next_slot(), big.prev_slot()) << i;
+    big.push(k);
+  }
+  EXPECT_TRUE(big.full());
+}
+
+// The trace of run 49's 6-ms matmuls after learning: one running, nothing
+// queued behind it, so an LC request waits what is left of one kernel.
+TEST(WorkQueue, LongKernelsQueueOneAtATime) {
+  Trace t(500 * kUs, 63);
+  const std::uint64_t k = kernel_key(reinterpret_cast<const void*>(0x60), 132);
+  std::uint64_t clock = 0;
+  unsigned waits = 0;
+  for (int i = 0; i < 20; ++i) {
+    while (!t.q.fits(k)) {
+      clock += 6000 * kUs;
+      t.done_at[t.q.oldest()] = clock;
+      t.complete_oldest();
+      ++waits;
+    }
+    t.q.push(k);
+    EXPECT_LE(t.q.size(), i < 3 ? 2u : 1u) << "launch " << i;  // until the first sample lands
+  }
+  EXPECT_EQ(t.q.durations().estimate(k, 0), 6000 * kUs);
+  EXPECT_GE(waits, 18u);
+}
+
 }  // namespace
 }  // namespace nvtaskset::roles

@@ -36,6 +36,7 @@ enum class Option : unsigned {
   kBeYield,          // NVTASKSET_BE_YIELD
   kBeQueueUs,        // NVTASKSET_BE_QUEUE_US
   kClusterMap,       // NVTASKSET_CLUSTER_MAP (CLI -> task)
+  kBeWorkUs,         // NVTASKSET_BE_WORK_US
 };
 
 enum class OptionKind { kChoice, kPath, kInternal, kNumber };
@@ -104,6 +105,10 @@ inline constexpr OptionDesc kOptions[] = {
     {Option::kClusterMap, "NVTASKSET_CLUSTER_MAP", OptionKind::kInternal, "", false,
      "set by nvtaskset --best-effort: which TPCs of each GPU host thread-block clusters together, so that the "
      "task's clustered kernels can go on its floor where it hosts them (partition.hpp, ClusterMap)"},
+    {Option::kBeWorkUs, "NVTASKSET_BE_WORK_US", OptionKind::kNumber, "0-1000000, default 0", true,
+     "while a latency-critical task exists, a --best-effort task keeps at most this many microseconds of work "
+     "queued, in its kernels' durations as timed on its own earlier launches, instead of NVTASKSET_BE_DEPTH "
+     "launches (which then only caps the launches, at most 63; 0: bounded in launches)"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }
