@@ -30,16 +30,17 @@ class Roles : public E2E {
 
   // A task that launches a kernel every 20 ms until until.<tag> exists;
   // with `idle`, one kernel and then none until until.<tag> exists. Returns
-  // its pid once it made its first launch (-1 if it did not).
+  // its pid once it made its first launch (-1 if it did not). With `env`,
+  // that environment instead of the fixture's.
   long start_task(const std::vector<std::string>& options, const std::string& tag, Proc** out = nullptr,
-                  bool idle = false) {
+                  bool idle = false, const Env* env = nullptr) {
     std::vector<std::string> argv{kCli, "--no-mps"};
     argv.insert(argv.end(), options.begin(), options.end());
     argv.push_back(kLauncher);
     if (idle) argv.insert(argv.end(), {"--kernels", "1", "--idle-until", path("until." + tag)});
     else argv.insert(argv.end(), {"--until-file", path("until." + tag), "--interval-ms", "20"});
     argv.insert(argv.end(), {"--ready-file", path("ready." + tag)});
-    Proc& p = start(argv, env_);
+    Proc& p = start(argv, env != nullptr ? *env : env_);
     if (out) *out = &p;
     return wait_ready(path("ready." + tag), p);
   }
@@ -67,6 +68,21 @@ class Roles : public E2E {
     }
     touch(hold_);
     return lc;
+  }
+  // An idle LC task whose kernels from then on stay "running"
+  // (start_idle_lc_then_hold), and a BE task with `extra` in its
+  // environment that launches every 20 ms ("until.be"); the BE task, or
+  // nullptr (with the failure added) if either did not start.
+  Proc* start_be_next_to_idle_lc(const Env& extra, Proc** lc) {
+    if (start_idle_lc_then_hold(lc) <= 0) return nullptr;
+    Env env = env_;
+    for (const auto& [k, v] : extra) env[k] = v;
+    Proc* be = nullptr;
+    if (start_task({"--best-effort"}, "be", &be, false, &env) <= 0) {
+      ADD_FAILURE() << "the BE task did not start";
+      return nullptr;
+    }
+    return be;
   }
   void stop(const std::string& tag, Proc& p) {
     touch(path("until." + tag));
@@ -833,14 +849,9 @@ TEST_F(Roles, BestEffortKeepsAtMostDepthLaunchesQueued) {
 // 10 launches), not at 64.
 TEST_F(Roles, BestEffortQueueIsBoundedInTime) {
   Proc* lp = nullptr;
-  ASSERT_GT(start_idle_lc_then_hold(&lp), 0);
-  Env env = env_;
-  env["NVTASKSET_BE_DEPTH"] = "64";
-  env["NVTASKSET_BE_QUEUE_US"] = "200000";
-  Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--until-file", path("until.be"), "--interval-ms",
-                    "20", "--ready-file", path("ready.be")},
-                   env);
-  ASSERT_GT(wait_ready(path("ready.be"), be), 0);
+  Proc* bp = start_be_next_to_idle_lc({{"NVTASKSET_BE_DEPTH", "64"}, {"NVTASKSET_BE_QUEUE_US", "200000"}}, &lp);
+  ASSERT_NE(bp, nullptr);
+  Proc& be = *bp;
   const auto t0 = std::chrono::steady_clock::now();
   const nlohmann::json t =
       wait_task(be.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
@@ -861,7 +872,8 @@ TEST_F(Roles, BestEffortQueueIsBoundedInTime) {
   // NVTASKSET_BE_YIELD=floor bounds no queue by itself, but a time bound
   // asked for is one: the queue is bounded (at the default 4 launches).
   touch(hold_);
-  env.erase("NVTASKSET_BE_DEPTH");
+  Env env = env_;
+  env["NVTASKSET_BE_QUEUE_US"] = "200000";
   env["NVTASKSET_BE_YIELD"] = "floor";
   Proc& fl = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "10"}, env);
   const nlohmann::json tf =
@@ -882,14 +894,9 @@ TEST_F(Roles, BestEffortQueueIsBoundedInTime) {
 // behind it go (6), and the 7th waits.
 TEST_F(Roles, BestEffortQueueIsBoundedInLearnedWork) {
   Proc* lp = nullptr;
-  ASSERT_GT(start_idle_lc_then_hold(&lp), 0);
-  Env env = env_;
-  env["NVTASKSET_BE_WORK_US"] = "500";
-  env["FAKECUDA_KERNEL_US"] = "100";
-  Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--until-file", path("until.be"), "--interval-ms",
-                    "20", "--ready-file", path("ready.be")},
-                   env);
-  ASSERT_GT(wait_ready(path("ready.be"), be), 0);
+  Proc* bp = start_be_next_to_idle_lc({{"NVTASKSET_BE_WORK_US", "500"}, {"FAKECUDA_KERNEL_US", "100"}}, &lp);
+  ASSERT_NE(bp, nullptr);
+  Proc& be = *bp;
   wait_task(be.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
   EXPECT_EQ(records_of(be.pid).size(), 2u) << "an unknown kernel is the whole bound: one behind the first";
   std::this_thread::sleep_for(200ms);
@@ -910,19 +917,6 @@ TEST_F(Roles, BestEffortQueueIsBoundedInLearnedWork) {
   fs::remove(hold_);
   stop("be", be);
   EXPECT_EQ(be.err(), "");
-
-  // A bound in launches would have let 4 go (the test above); without the
-  // stand-in's timing (kernels of 0 us) every learned kernel is free, and
-  // only the 63-launch cap holds: no wait before it.
-  touch(hold_);
-  env["FAKECUDA_KERNEL_US"] = "0";
-  env["NVTASKSET_BE_DEPTH"] = "8";
-  Proc& capped = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "12"}, env);
-  wait_task(capped.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
-  EXPECT_EQ(records_of(capped.pid).size(), 2u) << "unknown kernels: one behind the first, whatever the cap";
-  fs::remove(hold_);
-  EXPECT_TRUE(ExitedWith(capped.wait(), 0));
-  EXPECT_EQ(records_of(capped.pid).size(), 12u);
   stop("lc", *lp);
 }
 
