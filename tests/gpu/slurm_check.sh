@@ -8,17 +8,18 @@
 # (physical outside MPS); a concurrent `--gpu-tpcs=8` step on 8 TPCs disjoint
 # from both; `nvtaskset --status` lists the running steps; `--gpu-tpcs=999`
 # fails (srun exit non-zero, the program never runs); a `--gpu-tpcs=16
-# --gpu-role=latency-critical` step alone bursts onto every TPC; the TPCs are
-# free after.
+# --gpu-role=latency-critical` step alone bursts onto every TPC; a
+# `--gpu-role=best-effort` step next to a busy latency-critical step runs on
+# every TPC but its reservation; the TPCs are free after.
 # Run as root from the repository root on the GPU machine:
 #
 #   bash tests/gpu/slurm_check.sh
 #
 # Carried: .dev/nvt (bin/nvtaskset, lib/nvtaskset/libcuda.so.1,
-# lib/slurm/spank_nvtaskset.so), .dev/gpu/smid_probe, .dev/slurm-bundle.
+# lib/slurm/spank_nvtaskset.so), .dev/gpu/smid_probe, .dev/gpu/busy, .dev/slurm-bundle.
 # Settings (environment): NVT (.dev/nvt), BUNDLE (.dev/slurm-bundle), PROBE
-# (.dev/gpu/smid_probe), GPU_DEV (/dev/nvidia0; empty: the harness's mknod
-# stand-in), SHARDS (8), CHECK_SECONDS (170: the whole run's budget).
+# (.dev/gpu/smid_probe), BUSY (.dev/gpu/busy), GPU_DEV (/dev/nvidia0; empty: the harness's mknod
+# stand-in), SHARDS (8), CHECK_SECONDS (200: the whole run's budget).
 # Dry run on a CPU machine with the stand-in driver: STANDIN_LAUNCHER=<build>/tests/e2e/launcher
 # NVTASKSET_REAL_LIBCUDA=<build>/tests/fakecuda/lib/libcuda.so.1 GPU_DEV= (a
 # wrapper turns the stand-in's record into smid_probe's lines; 64 TPCs).
@@ -40,7 +41,7 @@ BUNDLE=$(abs "${BUNDLE:-.dev/slurm-bundle}")
 PROBE=$(abs "${PROBE:-.dev/gpu/smid_probe}")
 GPU_DEV=${GPU_DEV-/dev/nvidia0}
 SHARDS=${SHARDS:-8}
-BUDGET=${CHECK_SECONDS:-170}
+BUDGET=${CHECK_SECONDS:-200}
 CLUSTER=$REPO/tests/slurm/cluster.sh
 NV=$NVT/bin/nvtaskset
 PLUGIN=$NVT/lib/slurm/spank_nvtaskset.so
@@ -269,6 +270,58 @@ c=$(tpcs_of "$W/olc"); nc=$(count "$c")
 say "srun --gpu-tpcs=16 --gpu-role=latency-critical (rc $rc): $nc TPCs: $c"
 [[ $rc == 0 && $nc == "$T" ]] && pass "srun --gpu-tpcs=16 --gpu-role=latency-critical alone: its kernels burst onto all $T TPCs (%smid)" ||
   fail "the latency-critical step: rc=$rc, $nc TPCs: $(tail -3 "$W/elc")"
+
+# A best-effort step next to a busy latency-critical step: while the LC
+# step's compute-bound kernels run back to back, the BE step's kernels run
+# on its floor, every TPC but the LC step's reservation (%smid), and
+# --status shows both roles. Not in the dry run: the stand-in's kernels
+# end at once, so its LC step is never busy.
+if [[ -z ${STANDIN_LAUNCHER:-} ]]; then
+  BUSY=$(abs "${BUSY:-.dev/gpu/busy}")
+  bt=$("$BUSY" --work 40 2>/dev/null | sed -n 's/.*busy: \([0-9.]*\) s.*/\1/p')
+  work=$(python3 -c "import sys; t=float(sys.argv[1] or 0.4); print(max(40, int(8.0 / max(t / 40, 1e-4))))" "$bt")
+  say "srun --gpu-tpcs=16 --gpu-role=latency-critical $BUSY --work $work (about 8 s), then a --gpu-role=best-effort probe beside it"
+  timeout "$(left 60)" srun -J lcbusy --gpu-tpcs=16 --gpu-role=latency-critical "$BUSY" --work "$work" \
+    >"$W/olcb" 2>"$W/elcb" </dev/null &
+  sL=$!
+  lc_res() { "$NV" --status --json 2>/dev/null | python3 -c '
+import json, sys
+for t in json.load(sys.stdin).get("tasks", []):
+    if t.get("role") == "latency-critical":
+        print(t["tpcs"]); break'; }
+  lc_listed() { "$NV" --status --json 2>/dev/null | grep -q '"latency-critical"'; }
+  if wait_for "$(left 30)" lc_listed; then
+    sleep 2 # its kernels running back to back for a while
+    res=$(lc_res)
+    timeout "$(left 60)" srun -J be --gpu-role=best-effort "$PROBE" --iters 3 --interval-ms 300 \
+      >"$W/obe" 2>"$W/ebe" </dev/null &
+    sE=$!
+    wait_for "$(left 20)" sh -c "grep -q '^iter' '$W/obe'"
+    "$NV" --status --json >"$W/status_roles.json" 2>&1
+    wait "$sE"; rc=$?
+    be=$(tpcs_of "$W/obe"); nbe=$(count "$be")
+    exp=$(python3 - "$T" "$res" <<'PY'
+import sys
+n, res = int(sys.argv[1]), set()
+for part in filter(None, sys.argv[2].split(",")):
+    a, _, b = part.partition("-")
+    res |= set(range(int(a), int(b or a) + 1))
+print(",".join(str(t) for t in range(n) if t not in res))
+PY
+)
+    say "LC step's reservation: $res; BE step (rc $rc): $nbe TPCs: $be"
+    [[ $rc == 0 && -n $res && $be == "$exp" ]] &&
+      pass "a --gpu-role=best-effort step next to a busy latency-critical step runs on its floor: every TPC but $res (%smid)" ||
+      fail "the best-effort step beside the busy LC step: rc=$rc, ran on $be, expected $exp: $(tail -3 "$W/ebe")"
+    roles=$(python3 -c 'import json,sys; print(" ".join(sorted(str(t.get("role")) for t in json.load(sys.stdin).get("tasks", []))))' <"$W/status_roles.json" 2>&1)
+    [[ $roles == *best-effort* && $roles == *latency-critical* ]] &&
+      pass "--status --json shows both steps' roles: $roles" || fail "--status --json roles during the two steps: $roles"
+  else
+    fail "the busy latency-critical step did not appear in --status: $(tail -3 "$W/elcb")"
+  fi
+  wait "$sL"; rc=$?
+  [[ $rc == 0 ]] && pass "the busy latency-critical step exited 0" || fail "the busy latency-critical step exited $rc: $(tail -3 "$W/elcb")"
+fi
 
 none_listed() { ! "$NV" --status 2>/dev/null | grep -q slurmstepd; }
 wait_for "$(left 10)" none_listed && pass "after the steps, --status lists no step" ||
