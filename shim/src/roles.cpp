@@ -1058,6 +1058,7 @@ void atfork_child() noexcept {
   g_be.ring_failed = false;
   for (bool& r : g_be.recorded) r = false;
   g_be.count = 0;
+  if (g_be.work != nullptr) g_be.work->clear();  // the parent's launches and events
   g_floor_users.store(0, std::memory_order_relaxed);
   g_captures.store(0, std::memory_order_relaxed);
 }

@@ -1049,6 +1049,22 @@ TEST(WorkQueue, AtMostMaxLaunchesWhateverTheirWork) {
   EXPECT_TRUE(big.full());
 }
 
+TEST(WorkQueue, ClearForgetsTheQueueNotTheDurations) {
+  WorkQueue q(500 * kUs, 63);
+  const std::uint64_t k = kernel_key(reinterpret_cast<const void*>(0x70), 1);
+  q.durations().learn(k, 300 * kUs);
+  q.push(k);
+  q.push(k);
+  EXPECT_FALSE(q.fits(k));
+  q.clear();
+  EXPECT_TRUE(q.empty());
+  EXPECT_EQ(q.queued_ns(), 0u);
+  EXPECT_TRUE(q.fits(k));
+  q.push(k);
+  EXPECT_FALSE(q.wants_sample()) << "the first launch after a clear was queued behind nothing";
+  EXPECT_EQ(q.durations().estimate(k, 0), 300 * kUs);
+}
+
 // The trace of run 49's 6-ms matmuls after learning: one running, nothing
 // queued behind it, so an LC request waits what is left of one kernel.
 TEST(WorkQueue, LongKernelsQueueOneAtATime) {

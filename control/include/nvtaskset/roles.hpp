@@ -313,6 +313,15 @@ class WorkQueue {
   // A launch recorded in next_slot(). It was queued behind the one before
   // it when that one is still queued and nothing went unrecorded between.
   void push(std::uint64_t key) noexcept;
+  // Forgets every queued launch, keeping what it learned: in a forked
+  // child, whose events are not the parent's.
+  void clear() noexcept {
+    head_ = 0;
+    size_ = 0;
+    queued_ns_ = 0;
+    chained_ = false;
+    prev_completed_ = false;
+  }
   // A launch that could not be recorded: it is not counted, and the next
   // one's time since the one before is not its duration.
   void gap() noexcept { chained_ = false; }
