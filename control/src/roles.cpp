@@ -269,7 +269,6 @@ BeAction be_action(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noe
   return a;
 }
 
-
 std::uint64_t KernelDurations::estimate(std::uint64_t key, std::uint64_t unknown) const noexcept {
   for (unsigned i = 0; i < kProbe; ++i) {
     const Entry& e = e_[(key + i) % kSlots];
@@ -310,10 +309,6 @@ void WorkQueue::push(std::uint64_t key) noexcept {
   chained_ = true;
 }
 
-bool WorkQueue::wants_sample() const noexcept {
-  return size_ > 0 && slots_[oldest()].behind && prev_completed_;
-}
-
 void WorkQueue::pop(std::int64_t elapsed_ns) noexcept {
   if (size_ == 0) return;
   const Slot& s = slots_[oldest()];
@@ -321,9 +316,6 @@ void WorkQueue::pop(std::int64_t elapsed_ns) noexcept {
   queued_ns_ -= std::min(queued_ns_, s.est);
   ++head_;
   --size_;
-  // The next oldest was queued behind this one (if `behind`), whose event
-  // now marks its start.
-  prev_completed_ = true;
 }
 
 }  // namespace nvtaskset::roles

@@ -662,6 +662,21 @@ void bound_in_time(unsigned newest) noexcept {
   }
 }
 
+// Whether a launch on `s` may be recorded in the event ring now: no capture
+// under way in the task, and the current context is the one whose events
+// the ring holds (`n` of them, created on first use; a task whose creation
+// failed keeps no ring). Under g_be.qmu.
+bool ring_ready(CUstream s, bool per_thread, unsigned n, bool timing) noexcept {
+  if (g_be.ring_failed || g_captures.load(std::memory_order_acquire) != 0 || capturing(s, per_thread)) return false;
+  CUcontext ctx = nullptr;
+  if (g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) != CUDA_SUCCESS || ctx == nullptr) return false;
+  if (g_be.ctx == nullptr) {
+    if (create_events(g_be.events, n, timing)) g_be.ctx = ctx;
+    else g_be.ring_failed = true;
+  }
+  return ctx == g_be.ctx;
+}
+
 // The oldest launch of the work queue completed (or is waited for first,
 // `wait`): learn its duration where it can. Under g_be.qmu.
 void work_pop(bool wait) noexcept {
@@ -708,46 +723,28 @@ void be_after(CUstream s, bool per_thread, std::uint64_t key) noexcept {
   if (g_be.work != nullptr) {
     // Launches that went unrecorded (no LC task then, a capture, another
     // context) break the chain of durations.
-    if (g_be.unchained.exchange(false, std::memory_order_relaxed)) g_be.work->gap();
-    CUcontext ctx = nullptr;
-    if (!g_be.ring_failed && g_captures.load(std::memory_order_acquire) == 0 && !capturing(s, per_thread) &&
-        g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) == CUDA_SUCCESS && ctx != nullptr) {
-      if (g_be.ctx == nullptr) {
-        if (create_events(g_be.events, roles::WorkQueue::kRing, true)) g_be.ctx = ctx;
-        else g_be.ring_failed = true;
-      }
-      roles::WorkQueue& q = *g_be.work;
-      if (ctx != g_be.ctx) q.gap();
-      else if (q.full()) q.gap();  // another thread's launches filled it since work_wait
-      else if (record(g_be.events[q.next_slot()], s, per_thread) == CUDA_SUCCESS) q.push(key);
-      else q.gap();
-    } else {
-      g_be.work->gap();
-    }
+    roles::WorkQueue& q = *g_be.work;
+    if (g_be.unchained.exchange(false, std::memory_order_relaxed)) q.gap();
+    // (Full: another thread's launches filled it since work_wait.)
+    if (ring_ready(s, per_thread, roles::WorkQueue::kRing, true) && !q.full() &&
+        record(g_be.events[q.next_slot()], s, per_thread) == CUDA_SUCCESS)
+      q.push(key);
+    else
+      q.gap();
     pthread_mutex_unlock(&g_be.qmu);
     return;
   }
   ++g_be.count;
-  if (g_be.count % g_be.stride == 0 && !g_be.ring_failed && g_captures.load(std::memory_order_acquire) == 0 &&
-      !capturing(s, per_thread)) {
-    CUcontext ctx = nullptr;
-    if (g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) == CUDA_SUCCESS && ctx != nullptr) {
-      if (g_be.ctx == nullptr) {
-        if (create_events(g_be.events, g_be.ring)) g_be.ctx = ctx;
-        else g_be.ring_failed = true;
-      }
-      if (ctx == g_be.ctx) {
-        const unsigned slot = static_cast<unsigned>((g_be.count / g_be.stride) % g_be.ring);
-        // The oldest queued launch: wait until it ran.
-        if (g_be.recorded[slot] &&
-            g_drv.event_query.load(std::memory_order_acquire)(g_be.events[slot]) == CUDA_ERROR_NOT_READY)
-          wait_slot(slot);
-        g_be.recorded[slot] = record(g_be.events[slot], s, per_thread) == CUDA_SUCCESS;
-        if (g_be.queue_ns != 0) {
-          g_be.recorded_ns[slot] = roles::monotonic_ns();
-          bound_in_time(slot);
-        }
-      }
+  if (g_be.count % g_be.stride == 0 && ring_ready(s, per_thread, g_be.ring, false)) {
+    const unsigned slot = static_cast<unsigned>((g_be.count / g_be.stride) % g_be.ring);
+    // The oldest queued launch: wait until it ran.
+    if (g_be.recorded[slot] &&
+        g_drv.event_query.load(std::memory_order_acquire)(g_be.events[slot]) == CUDA_ERROR_NOT_READY)
+      wait_slot(slot);
+    g_be.recorded[slot] = record(g_be.events[slot], s, per_thread) == CUDA_SUCCESS;
+    if (g_be.queue_ns != 0) {
+      g_be.recorded_ns[slot] = roles::monotonic_ns();
+      bound_in_time(slot);
     }
   }
   pthread_mutex_unlock(&g_be.qmu);

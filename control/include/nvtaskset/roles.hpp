@@ -252,7 +252,6 @@ inline Bits128 floor_of(const Bits128& enabled, const Bits128& reserved) noexcep
   return Bits128{enabled.lo & ~reserved.lo, enabled.hi & ~reserved.hi};
 }
 
-
 // ---- the best-effort queue bounded in work (NVTASKSET_BE_WORK_US) ---------------------
 //
 // What an LC request waits behind is the BE work already queued when it
@@ -320,14 +319,15 @@ class WorkQueue {
     size_ = 0;
     queued_ns_ = 0;
     chained_ = false;
-    prev_completed_ = false;
   }
   // A launch that could not be recorded: it is not counted, and the next
   // one's time since the one before is not its duration.
   void gap() noexcept { chained_ = false; }
   // Whether the oldest launch's duration can be learned when it completes:
   // the time from the previous launch's event (slot prev_slot()) to its own.
-  bool wants_sample() const noexcept;
+  // Only a launch queued behind the one before it: that one left the queue
+  // first, so prev_slot() holds its completion.
+  bool wants_sample() const noexcept { return size_ > 0 && slots_[oldest()].behind; }
   unsigned prev_slot() const noexcept { return static_cast<unsigned>((head_ + kRing - 1) % kRing); }
   // The oldest launch completed; `elapsed_ns` is what wants_sample() asked
   // for (ignored when it did not ask, or when it could not be read: < 0).
@@ -359,8 +359,7 @@ class WorkQueue {
   std::uint64_t head_ = 0;  // sequence number of the oldest queued launch
   unsigned size_ = 0;
   std::uint64_t queued_ns_ = 0;
-  bool chained_ = false;       // the launch before the next one was recorded
-  bool prev_completed_ = false;  // prev_slot() holds the completion of the launch just before head_
+  bool chained_ = false;  // the launch before the next one was recorded
   Slot slots_[kRing]{};
   KernelDurations durations_;
 };
