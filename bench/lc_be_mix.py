@@ -102,8 +102,14 @@ ROLE_VARIANTS = {
     "roles-floor": ({YIELD_ENV: "floor"}, f"BE on its floor while LC bursts ({YIELD_ENV}=floor)"),
     "roles-run": ({YIELD_ENV: "run"}, f"BE not held while LC bursts ({YIELD_ENV}=run)"),
 }
-OPTIONAL = (BASE_SIZED, ROLES_L2, BE_ROLE_ALONE, MPS_BE_LOW) + tuple(ROLE_VARIANTS)
-ROLE_SETUPS = (ROLES, ROLES_L2) + tuple(ROLE_VARIANTS)
+# Other static shapes, LC -n L --exclusive / BE -n B --exclusive (only when named): how many TPCs the
+# LC task needs beyond its reservation to run at its speed alone there next to the BE task (the
+# memory system is shared; docs/results.md, "A share that pays for the memory system").
+STATIC_SHAPES = {f"static-{l}-{b}": (l, b) for l, b in ((20, 46), (24, 42), (28, 38), (32, 34))}
+# The roles without the LC task's top-up (NVTASKSET_LC_TOPUP=off): its reservation only while saturated.
+ROLES_NO_TOPUP = "roles-no-topup"
+OPTIONAL = (BASE_SIZED, ROLES_L2, BE_ROLE_ALONE, MPS_BE_LOW, ROLES_NO_TOPUP) + tuple(ROLE_VARIANTS) + tuple(STATIC_SHAPES)
+ROLE_SETUPS = (ROLES, ROLES_L2, ROLES_NO_TOPUP) + tuple(ROLE_VARIANTS)
 L2_ENV = "LCBE_L2_WINDOW"
 L2_PCT_ENV = "CUDA_DEVICE_DEFAULT_PERSISTING_L2_CACHE_PERCENTAGE_LIMIT"
 
@@ -136,12 +142,18 @@ def setup_table(nv, lc_n, be_n, be_depth=None):
               "BE alone under nvtaskset --best-effort (an MPS client; no LC task)"),
         Setup(MPS_BE_LOW, True, plain, Launch([], {PRIO_ENV: "1"}),
               f"both MPS clients, no limits, BE at below-normal priority ({PRIO_ENV}=1)"),
+        Setup(ROLES_NO_TOPUP, True, Launch([nv, "-n", str(lc_n), "--latency-critical"], {"NVTASKSET_LC_TOPUP": "off"}),
+              Launch([nv, "--best-effort"], be_role_env),
+              "the roles, the LC task on its reservation only while saturated (NVTASKSET_LC_TOPUP=off)"),
         Setup(ROLES_L2, True, Launch([nv, "-n", str(lc_n), "--latency-critical"], {L2_ENV: "1"}),
               Launch([nv, "--best-effort"], be_role_env),
               "the roles, the LC task's kernels with a persisting L2 window over its largest weight"),
     ] + [Setup(name, True, Launch([nv, "-n", str(lc_n), "--latency-critical"], {}),
                Launch([nv, "--best-effort"], dict(be_role_env, **env)), "the roles, " + about)
-         for name, (env, about) in ROLE_VARIANTS.items()]
+         for name, (env, about) in ROLE_VARIANTS.items()] + [
+        Setup(name, True, Launch([nv, "-n", str(l), "--exclusive"], {}), Launch([nv, "-n", str(b), "--exclusive"], {}),
+              f"nvtaskset -n {l} --exclusive (LC) / -n {b} --exclusive (BE)")
+        for name, (l, b) in STATIC_SHAPES.items()]
 
 
 ROLE_OPTIONS = ("--latency-critical", "--best-effort")
@@ -578,7 +590,8 @@ class RolesPoller:
                 c = task.get("controller") or {}
                 if task.get("role") == "latency-critical":
                     rec["lc"] = {k: c.get(k) for k in ("state", "may_burst", "launches", "completed", "busy_periods",
-                                                       "busy_ms", "saturations", "heartbeat_age_ms")}
+                                                       "busy_ms", "saturations", "heartbeat_age_ms", "probing",
+                                                       "topup_size", "topup_ratio")}
                 elif task.get("role") == "best-effort":
                     rec["be"] = {k: c.get(k) for k in ("state", "launches_held", "held_ms", "launches_on_floor",
                                                        "queue_waits", "floor_skipped")}
@@ -602,6 +615,11 @@ class RolesPoller:
         for k in ("launches", "completed", "busy_periods", "busy_ms", "saturations"):
             out["lc_" + k] = delta(lcs, k)
         out["lc_max_heartbeat_age_ms"] = max((x.get("heartbeat_age_ms") or 0 for x in lcs), default=None)
+        # The top-up (NVTASKSET_LC_TOPUP): its sizes while saturated, and the probes seen.
+        out["lc_topup_sizes"] = dict(collections.Counter(
+            str(x.get("topup_size")) for x in lcs if x.get("state") == "saturated" and not x.get("probing")))
+        out["lc_probing_polls"] = sum(1 for x in lcs if x.get("probing"))
+        out["lc_last_topup_ratio"] = next((x.get("topup_ratio") for x in reversed(lcs) if x.get("topup_ratio")), None)
         out["be_states"] = dict(collections.Counter(x.get("state") for x in bes))
         for k in ("launches_held", "held_ms", "launches_on_floor", "queue_waits", "floor_skipped"):
             out["be_" + k] = delta(bes, k)

@@ -78,7 +78,8 @@ BeaconFile::~BeaconFile() {
   ::munmap(static_cast<void*>(b_), kBeaconBytes);
 }
 
-void set_device(Beacon& b, unsigned slot, const DeviceUuid& uuid, const Bits128& reserved, const Bits128& burst) {
+void set_device(Beacon& b, unsigned slot, const DeviceUuid& uuid, const Bits128& reserved, const Bits128& burst,
+                const Bits128& topup) {
   if (slot >= kBeaconDevices) return;
   BeaconDevice& d = b.devices[slot];
   const std::uint64_t s = d.seq.load(std::memory_order_relaxed);
@@ -89,7 +90,20 @@ void set_device(Beacon& b, unsigned slot, const DeviceUuid& uuid, const Bits128&
   d.reserved[1].store(reserved.hi, std::memory_order_relaxed);
   d.burst[0].store(burst.lo, std::memory_order_relaxed);
   d.burst[1].store(burst.hi, std::memory_order_relaxed);
+  d.topup[0].store(topup.lo, std::memory_order_relaxed);
+  d.topup[1].store(topup.hi, std::memory_order_relaxed);
   d.in_use.store(1, std::memory_order_relaxed);
+  d.seq.store((s | 1) + 1, std::memory_order_release);
+}
+
+void set_topup(Beacon& b, unsigned slot, const Bits128& topup) {
+  if (slot >= kBeaconDevices) return;
+  BeaconDevice& d = b.devices[slot];
+  const std::uint64_t s = d.seq.load(std::memory_order_relaxed);
+  d.seq.store(s | 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  d.topup[0].store(topup.lo, std::memory_order_relaxed);
+  d.topup[1].store(topup.hi, std::memory_order_relaxed);
   d.seq.store((s | 1) + 1, std::memory_order_release);
 }
 
@@ -104,6 +118,7 @@ bool read_slot(const BeaconDevice& d, DeviceView& v, bool& in_use) noexcept {
     std::memcpy(v.uuid.data(), d.uuid, 16);
     v.reserved = {d.reserved[0].load(std::memory_order_relaxed), d.reserved[1].load(std::memory_order_relaxed)};
     v.burst = {d.burst[0].load(std::memory_order_relaxed), d.burst[1].load(std::memory_order_relaxed)};
+    v.topup = {d.topup[0].load(std::memory_order_relaxed), d.topup[1].load(std::memory_order_relaxed)};
   });
 }
 
@@ -120,7 +135,10 @@ bool read_devices(const Beacon& b, std::vector<DeviceView>& out) {
   return true;
 }
 
-Bits128 reserved_on(const Beacon& b, const std::uint8_t (&uuid)[16]) noexcept {
+namespace {
+
+template <class Pick>
+Bits128 claimed_on(const Beacon& b, const std::uint8_t (&uuid)[16], Pick pick) noexcept {
   Bits128 r;
   for (const BeaconDevice& d : b.devices) {
     DeviceView v;
@@ -130,9 +148,19 @@ Bits128 reserved_on(const Beacon& b, const std::uint8_t (&uuid)[16]) noexcept {
     if (!read_slot(d, v, in_use)) return Bits128{~0ull, ~0ull};
     if (!in_use) continue;
     const bool any = v.uuid == kAnyDevice;
-    if (any || std::memcmp(v.uuid.data(), uuid, 16) == 0) r = r | v.reserved;
+    if (any || std::memcmp(v.uuid.data(), uuid, 16) == 0) r = r | pick(v);
   }
   return r;
+}
+
+}  // namespace
+
+Bits128 reserved_on(const Beacon& b, const std::uint8_t (&uuid)[16]) noexcept {
+  return claimed_on(b, uuid, [](const DeviceView& v) noexcept { return v.reserved; });
+}
+
+Bits128 topup_on(const Beacon& b, const std::uint8_t (&uuid)[16]) noexcept {
+  return claimed_on(b, uuid, [](const DeviceView& v) noexcept { return v.topup; });
 }
 
 
@@ -278,12 +306,13 @@ std::uint64_t KernelDurations::estimate(std::uint64_t key, std::uint64_t unknown
   return unknown;
 }
 
-void KernelDurations::learn(std::uint64_t key, std::uint64_t sample_ns) noexcept {
+template <class Merge>
+void KernelDurations::put(std::uint64_t key, std::uint64_t sample_ns, Merge merge) noexcept {
   sample_ns = std::min<std::uint64_t>(sample_ns, 1'000'000'000);  // a second: not a kernel, a stall
   for (unsigned i = 0; i < kProbe; ++i) {
     Entry& e = e_[(key + i) % kSlots];
     if (e.key == key) {
-      e.ns = e.ns - e.ns / 4 + sample_ns / 4;
+      e.ns = merge(e.ns, sample_ns);
       return;
     }
     if (e.key == 0) {
@@ -292,6 +321,14 @@ void KernelDurations::learn(std::uint64_t key, std::uint64_t sample_ns) noexcept
       return;
     }
   }
+}
+
+void KernelDurations::learn(std::uint64_t key, std::uint64_t sample_ns) noexcept {
+  put(key, sample_ns, [](std::uint64_t old, std::uint64_t s) noexcept { return old - old / 4 + s / 4; });
+}
+
+void KernelDurations::learn_least(std::uint64_t key, std::uint64_t sample_ns) noexcept {
+  put(key, sample_ns, [](std::uint64_t old, std::uint64_t s) noexcept { return std::min(old, s); });
 }
 
 WorkQueue::WorkQueue(std::uint64_t bound_ns, unsigned max_launches) noexcept
@@ -316,6 +353,116 @@ void WorkQueue::pop(std::int64_t elapsed_ns) noexcept {
   queued_ns_ -= std::min(queued_ns_, s.est);
   ++head_;
   --size_;
+}
+
+// ---- the top-up ---------------------------------------------------------------------------
+
+void TopUp::set_max(unsigned max_tpcs) noexcept {
+  if (max_ == max_tpcs) return;
+  max_ = max_tpcs;
+  if (tpcs_ > max_) {
+    tpcs_ = max_;
+    if (mode_ == Mode::kRun) ++gen_;
+  }
+}
+
+void TopUp::forget() noexcept {
+  alone_.clear();
+  ever_probed_ = false;
+  n_ = 0;
+}
+
+void TopUp::advance(std::uint64_t now, bool saturated) noexcept {
+  if (!saturated) {
+    // Bursting or idle: the top-up waits, at the size it had, for the next
+    // saturation (a closed loop's probes of the burst come and go).
+    if (mode_ != Mode::kOff) {
+      mode_ = Mode::kOff;
+      ++gen_;
+    }
+    return;
+  }
+  if (mode_ == Mode::kProbe) {
+    if (probe_n_ >= p_.probe_samples || now - probe_start_ >= p_.probe_max_ns) {
+      mode_ = Mode::kRun;
+      ++gen_;
+      probed_at_ = now;
+      start_window(now);
+    }
+    return;
+  }
+  if (!ever_probed_ || now - probed_at_ >= p_.probe_every_ns) {
+    // Durations alone on the reservation: learned anew, so that they follow
+    // the clocks and the task's work; a probe that times nothing leaves none,
+    // and no decision is made until the next one.
+    mode_ = Mode::kProbe;
+    ++gen_;
+    ++probes_;
+    ever_probed_ = true;
+    probe_start_ = now;
+    probe_n_ = 0;
+    alone_.clear();
+    return;
+  }
+  if (mode_ == Mode::kOff) {
+    mode_ = Mode::kRun;
+    ++gen_;
+    start_window(now);
+    return;
+  }
+  if (now - decided_at_ < p_.decide_ns) return;
+  if (n_ < p_.min_samples) {
+    if (n_ == 0) decided_at_ = now;  // nothing timed: wait a whole window again
+    return;
+  }
+  std::sort(ratios_, ratios_ + n_);
+  const unsigned at = std::min(n_ - 1, static_cast<unsigned>(p_.quantile * static_cast<double>(n_)));
+  const double r = ratios_[at];
+  last_ratio_ = r;
+  const unsigned before = tpcs_;
+  if (r > p_.grow_above) tpcs_ = std::min(max_, tpcs_ + p_.step);
+  else if (r < p_.shrink_below) tpcs_ = tpcs_ > p_.step ? tpcs_ - p_.step : 0;
+  if (tpcs_ != before) ++gen_;
+  start_window(now);
+}
+
+void TopUp::sample(std::uint64_t key, std::uint64_t ns, std::uint64_t gen, std::uint64_t launched_ns) noexcept {
+  if (gen != gen_ || ns == 0) return;
+  if (mode_ == Mode::kProbe) {
+    if (launched_ns < probe_start_ + p_.probe_settle_ns) return;
+    alone_.learn_least(key, ns);
+    ++probe_n_;
+    return;
+  }
+  if (mode_ != Mode::kRun || n_ >= kWindow) return;
+  const std::uint64_t alone = alone_.estimate(key, 0);
+  if (alone == 0) return;  // not timed alone: no measure of it
+  ratios_[n_++] = static_cast<double>(ns) / static_cast<double>(alone);
+}
+
+namespace {
+
+Bits128 take_bits(Bits128 from, unsigned& n) noexcept {
+  Bits128 out;
+  for (unsigned b = 0; b < 128 && n > 0; ++b)
+    if (from.test(b)) {
+      out.set(b);
+      --n;
+    }
+  return out;
+}
+
+}  // namespace
+
+Bits128 choose_topup(const Bits128& free, const Bits128& reserved, const ClusterMap* map, unsigned n) noexcept {
+  Bits128 out;
+  if (map == nullptr) return take_bits(free, n);
+  out = out | take_bits(free & ~map->capable.bits, n);
+  for (const ClusterMap::Gpc& g : map->gpcs)
+    if ((g.capable.bits & reserved).any()) out = out | take_bits(free & g.capable.bits & ~out, n);
+  for (const ClusterMap::Gpc& g : map->gpcs) out = out | take_bits(free & g.capable.bits & ~out, n);
+  out = out | take_bits(free & ~out, n);
+  return out;
 }
 
 }  // namespace nvtaskset::roles

@@ -304,9 +304,10 @@ int launch(const Options& o, const Requests& rq, const std::vector<std::string>&
       pool.push_back({c.dev->uuid, planner::whole_gpu(devices.topology(*c.dev)), planner::describe_device(*c.dev)});
     tr.burst_pool = encode_partitions(pool);
   }
-  if (o.role == roles::Role::kBestEffort) {
-    // Which of its floor's TPCs host clusters together: the shim keeps a
-    // clustered kernel on the floor only where it fits (roles.cpp, adjust).
+  if (o.role != roles::Role::kNone) {
+    // Which TPCs host clusters together: a best-effort shim keeps a
+    // clustered kernel on its floor only where it fits (roles.cpp, adjust),
+    // a latency-critical one chooses its top-up to keep GPCs whole.
     std::vector<ClusterMap> maps;
     for (const Choice& c : chosen)
       if (const topo::Topology* t = devices.known_topology(*c.dev))

@@ -231,6 +231,7 @@ int print_status(Devices& devices, bool json) {
     // public) or its shim (best-effort: the region, owner-only) does now.
     std::string role = "-";
     std::string bursting_on;  // a bursting LC task's kernels run there, not only on its reservation
+    std::string topped_up;    // a saturated LC task's kernels run there too
     nlohmann::json controller = nullptr;
     if (r.e->role == roles::Role::kLatencyCritical) {
       role = "lc";
@@ -248,23 +249,35 @@ int print_status(Devices& devices, bool json) {
                                        : "bursting";
         role += std::string(":") + state;
         std::vector<roles::DeviceView> views;
-        std::string burst;
+        std::string burst, topup;
+        auto list = [&](const Bits128& m) {
+          const LogicalTpcSet l = r.t ? topo::logical_of_physical(*r.t, PhysicalTpcMask{m}) : LogicalTpcSet{};
+          return l.empty() ? "physical " + m.to_hex() : format_list(l.bits);
+        };
         if (roles::read_devices(bc, views))
           for (const roles::DeviceView& v : views)
             if (v.uuid == r.dp->device || r.dp->device == kAnyDevice) {
-              const LogicalTpcSet l = r.t ? topo::logical_of_physical(*r.t, PhysicalTpcMask{v.burst}) : LogicalTpcSet{};
-              burst = l.empty() ? "physical " + v.burst.to_hex() : format_list(l.bits);
+              burst = list(v.burst);
+              if (v.topup.any()) topup = list(v.topup);
             }
-        if (std::string_view(state) == "bursting") bursting_on = burst;
+        // A reference probe of the top-up: best-effort tasks hold as for a
+        // burst, its own kernels stay on its reservation.
+        const bool probing = bc.probing.load(std::memory_order_acquire) == 1;
+        if (std::string_view(state) == "bursting" && !probing) bursting_on = burst;
+        if (std::string_view(state) == "saturated" && !probing) topped_up = topup;
         controller = {{"state", state},
-                      {"may_burst", snap.may_burst},
+                      {"may_burst", snap.may_burst && !probing},
+                      {"probing", probing},
                       {"launches", snap.launches},
                       {"completed", snap.completed},
                       {"heartbeat_age_ms", now > snap.heartbeat_ns ? (now - snap.heartbeat_ns) / 1'000'000 : 0},
                       {"busy_periods", bc.busy_periods.load(std::memory_order_relaxed)},
                       {"busy_ms", static_cast<double>(bc.busy_ns.load(std::memory_order_relaxed)) / 1e6},
                       {"saturations", bc.saturations.load(std::memory_order_relaxed)},
-                      {"burst_tpcs", burst}};
+                      {"burst_tpcs", burst},
+                      {"topup_tpcs", topup},
+                      {"topup_size", bc.topup_tpcs.load(std::memory_order_relaxed)},
+                      {"topup_ratio", bc.topup_ratio_milli.load(std::memory_order_relaxed) / 1000.0}};
         if (stale)
           notes.push_back("pid " + std::to_string(pid) + "'s controller has not run for " +
                           std::to_string((now - snap.heartbeat_ns) / 1'000'000) +
@@ -304,8 +317,9 @@ int print_status(Devices& devices, bool json) {
     const std::vector<std::string> argv = argv_of(pid);
     table.push_back({std::to_string(pid), user, gpu,
                      bypassed              ? "UNPARTITIONED"
-                     : bursting_on.empty() ? tpcs
-                                           : tpcs + " (bursting on " + bursting_on + ")",
+                     : !bursting_on.empty() ? tpcs + " (bursting on " + bursting_on + ")"
+                     : !topped_up.empty()   ? tpcs + " (topped up with " + topped_up + ")"
+                                            : tpcs,
                      gpcs, std::to_string(sms),
                      role, kernels, graphs, cluster, table_command(argv)});
     for (pid_t other : share_tpcs[i])

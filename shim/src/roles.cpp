@@ -116,55 +116,61 @@ CUresult record(CUevent ev, CUstream s, bool per_thread) noexcept {
 
 // ---- what the callback reads: one seqlocked mask per region slot ---------------------
 
-// A best-effort slot's floor, beside the reservations: the partition it
-// was worked out for, and the largest thread-block cluster it hosts (SMs of
-// one GPC; 0: not known, so no clustered kernel goes on it).
-struct FloorHosts {
+// What the callback reads of one region slot, seqlocked.
+//   latency-critical: `m` its burst set, `x` its top-up;
+//   best-effort: `m` the LC reservations on its GPU, `x` their top-ups, and
+//   the largest thread-block cluster (SMs of one GPC; 0: not known, so no
+//   clustered kernel goes there) its floor hosts with the top-ups taken
+//   away (`soft_cluster`) and without (`hard_cluster`), for the partition
+//   they were worked out for.
+struct SlotView {
+  Bits128 m, x;
   Bits128 partition;
-  std::uint32_t max_cluster = 0;
+  std::uint32_t soft_cluster = 0, hard_cluster = 0;
 };
 
 struct SlotMask {
   std::atomic<std::uint64_t> seq;
-  std::atomic<std::uint64_t> lo, hi;
+  std::atomic<std::uint64_t> lo, hi, xlo, xhi;
   std::atomic<std::uint32_t> valid;
   std::atomic<std::uint64_t> for_lo, for_hi;
-  std::atomic<std::uint32_t> floor_cluster;
+  std::atomic<std::uint32_t> soft_cluster, hard_cluster;
 };
 constinit SlotMask g_mask[ctl::kMaxDevices]{};
 
-void store_mask(unsigned slot, const Bits128& m, bool valid, const FloorHosts& f = {}) noexcept {
+void store_mask(unsigned slot, const SlotView& v, bool valid) noexcept {
   SlotMask& s = g_mask[slot];
   const std::uint64_t q = s.seq.load(std::memory_order_relaxed);
   s.seq.store(q | 1, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
-  s.lo.store(m.lo, std::memory_order_relaxed);
-  s.hi.store(m.hi, std::memory_order_relaxed);
+  s.lo.store(v.m.lo, std::memory_order_relaxed);
+  s.hi.store(v.m.hi, std::memory_order_relaxed);
+  s.xlo.store(v.x.lo, std::memory_order_relaxed);
+  s.xhi.store(v.x.hi, std::memory_order_relaxed);
   s.valid.store(valid ? 1 : 0, std::memory_order_relaxed);
-  s.for_lo.store(f.partition.lo, std::memory_order_relaxed);
-  s.for_hi.store(f.partition.hi, std::memory_order_relaxed);
-  s.floor_cluster.store(f.max_cluster, std::memory_order_relaxed);
+  s.for_lo.store(v.partition.lo, std::memory_order_relaxed);
+  s.for_hi.store(v.partition.hi, std::memory_order_relaxed);
+  s.soft_cluster.store(v.soft_cluster, std::memory_order_relaxed);
+  s.hard_cluster.store(v.hard_cluster, std::memory_order_relaxed);
   s.seq.store((q | 1) + 1, std::memory_order_release);
 }
 
 // False when the slot holds nothing, or no consistent copy was had within
 // ctl::kReadTries (a writer publishes in nanoseconds).
-bool load_mask(unsigned slot, Bits128& m, FloorHosts* f = nullptr) noexcept {
+bool load_mask(unsigned slot, SlotView& v) noexcept {
   const SlotMask& s = g_mask[slot];
-  std::uint64_t lo = 0, hi = 0, flo = 0, fhi = 0;
-  std::uint32_t fc = 0;
   bool valid = false;
+  SlotView t;
   if (!seqlock::read(s.seq, [&]() noexcept {
-        lo = s.lo.load(std::memory_order_relaxed);
-        hi = s.hi.load(std::memory_order_relaxed);
+        t.m = {s.lo.load(std::memory_order_relaxed), s.hi.load(std::memory_order_relaxed)};
+        t.x = {s.xlo.load(std::memory_order_relaxed), s.xhi.load(std::memory_order_relaxed)};
         valid = s.valid.load(std::memory_order_relaxed) == 1;
-        flo = s.for_lo.load(std::memory_order_relaxed);
-        fhi = s.for_hi.load(std::memory_order_relaxed);
-        fc = s.floor_cluster.load(std::memory_order_relaxed);
+        t.partition = {s.for_lo.load(std::memory_order_relaxed), s.for_hi.load(std::memory_order_relaxed)};
+        t.soft_cluster = s.soft_cluster.load(std::memory_order_relaxed);
+        t.hard_cluster = s.hard_cluster.load(std::memory_order_relaxed);
       }))
     return false;
-  m = {lo, hi};
-  if (f != nullptr) *f = {{flo, fhi}, fc};
+  v = t;
   return valid;
 }
 
@@ -236,6 +242,16 @@ struct LcState {
   std::atomic<std::uint64_t> slot_seq[kRing] = {};
   // The base of the burst set: every working TPC of each GPU (NVTASKSET_BURST_POOL).
   std::vector<DevicePartition>* pool = nullptr;
+  // The top-up (roles::TopUp; nullptr: NVTASKSET_LC_TOPUP=off). While the
+  // controller saturates (timing != 0: its generation), each launch records
+  // a second event before it, so that the controller can time it.
+  roles::TopUp* topup = nullptr;
+  std::vector<ClusterMap>* maps = nullptr;  // which TPCs host clusters together (NVTASKSET_CLUSTER_MAP)
+  std::uint32_t test_topup = 0;             // NVTASKSET_TEST_TOPUP: a fixed top-up, no probes (tests)
+  std::atomic<std::uint64_t> timing{0};
+  CUevent starts[kRing] = {};
+  std::atomic<std::uint64_t> start_seq[kRing] = {};
+  std::atomic<std::uint64_t> start_key[kRing] = {}, start_gen[kRing] = {}, start_ns[kRing] = {};
 };
 constinit LcState g_lc{};
 
@@ -247,19 +263,31 @@ void futex_wait(std::atomic<std::uint32_t>& w, std::uint32_t seen, long ns) noex
   ::syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(&w), FUTEX_WAIT_PRIVATE, seen, &ts, nullptr, 0);
 }
 
+// The map of the GPU in slot `sp` (nullptr: none).
+const ClusterMap* map_of(const SlotPartition& sp) noexcept {
+  if (g_lc.maps == nullptr) return nullptr;
+  for (const ClusterMap& m : *g_lc.maps)
+    if (m.device == sp.uuid || m.device == kAnyDevice) return &m;
+  return nullptr;
+}
+
 // The burst set of each slot: the base minus every TPC another task's
-// partition holds, unless that task is best-effort. Written to the
-// callback's masks and the beacon; a change makes CUDA graphs re-encode.
-void refresh_burst(roles::Beacon& b) {
+// partition holds, unless that task is best-effort; and the top-up, `topup`
+// TPCs of that set beyond the reservation (roles::choose_topup). Written to
+// the callback's masks and the beacon; a change makes CUDA graphs
+// re-encode, and BE tasks work out their floors again. Returns the most
+// TPCs a top-up may take: the reservation's size, and half of what the
+// burst set has beyond it (the BE tasks keep the rest), on every GPU.
+unsigned refresh_burst(roles::Beacon& b, unsigned topup) {
   std::vector<ctl::StatusEntry> status;
   try {
     status = ctl::read_status();
   } catch (const std::exception&) {
-    return;
+    return 0;
   }
   const pid_t self = ::getpid();
-  bool changed = false;
-  unsigned used = 0;
+  bool changed = false, topup_changed = false;
+  unsigned used = 0, most = ~0u;
   for (const SlotPartition& sp : region_slots()) {
     Bits128 base;
     if (g_lc.pool != nullptr)
@@ -273,15 +301,21 @@ void refresh_burst(roles::Beacon& b) {
           taken = taken | dp.partition.enabled.bits;
     }
     const Bits128 burst = base & ~taken;
-    Bits128 old;
+    const Bits128 free = burst & ~sp.enabled;
+    most = std::min({most, sp.enabled.count(), free.count() / 2});
+    const Bits128 x = roles::choose_topup(free, sp.enabled, map_of(sp), std::min(topup, free.count() / 2));
+    SlotView old;
     const bool had = load_mask(sp.slot, old);
-    if (!had || !(old == burst)) changed = true;
-    store_mask(sp.slot, burst, true);
-    roles::set_device(b, used++, sp.uuid, sp.enabled, sp.enabled | burst);
+    if (!had || !(old.m == burst)) changed = true;
+    if (!had || !(old.x == x)) topup_changed = true;
+    store_mask(sp.slot, {burst, x, {}, 0, 0}, true);
+    roles::set_device(b, used++, sp.uuid, sp.enabled, sp.enabled | burst, x);
   }
   for (unsigned i = used; i < roles::kBeaconDevices; ++i) b.devices[i].in_use.store(0, std::memory_order_release);
-  if (changed)
+  if (topup_changed) b.topup_gen.fetch_add(1, std::memory_order_acq_rel);
+  if (changed || topup_changed)
     if (ctl::Header* h = header()) h->epoch.fetch_add(1, std::memory_order_acq_rel);
+  return most == ~0u ? 0 : most;
 }
 
 // The budgets, unless a test stretches them (NVTASKSET_TEST_BURST_MS).
@@ -293,6 +327,19 @@ roles::BudgetParams budget_params(roles::BudgetParams p) noexcept {
   return p;
 }
 
+// A saturated task's launch completed (`slot`, its end event done): time it
+// from the event recorded before it, for the top-up.
+void time_launch(unsigned slot, std::uint64_t seq) noexcept {
+  if (g_lc.topup == nullptr || g_lc.start_seq[slot].load(std::memory_order_acquire) != seq) return;
+  const ElapsedFn elapsed = g_drv.event_elapsed.load(std::memory_order_acquire);
+  float ms = 0;
+  if (elapsed == nullptr || elapsed(&ms, g_lc.starts[slot], g_lc.events[slot]) != CUDA_SUCCESS || !(ms > 0)) return;
+  g_lc.topup->sample(g_lc.start_key[slot].load(std::memory_order_relaxed),
+                     static_cast<std::uint64_t>(static_cast<double>(ms) * 1e6),
+                     g_lc.start_gen[slot].load(std::memory_order_relaxed),
+                     g_lc.start_ns[slot].load(std::memory_order_relaxed));
+}
+
 void* controller(void*) {
   roles::Beacon& b = *g_lc.beacon.load(std::memory_order_acquire);
   roles::BurstBudget budget(budget_params({}));
@@ -300,17 +347,38 @@ void* controller(void*) {
   bool ctx_set = false;
   std::int64_t stamp = -1;
   std::uint64_t next_refresh = 0, next_check = 0;
+  unsigned applied = 0;  // the top-up in the masks, in TPCs
   while (!g_lc.stop.load(std::memory_order_acquire)) {
     const std::uint64_t now = roles::monotonic_ns();
     const std::uint64_t launches = g_lc.launches.load(std::memory_order_acquire);
     const bool busy = launches != completed;
     budget.advance(now, busy);
     b.heartbeat_ns.store(now, std::memory_order_relaxed);
-    const std::uint32_t may = budget.may_burst() ? 1 : 0;
-    if (b.may_burst.exchange(may, std::memory_order_acq_rel) != may) {
+    // Saturated: its burst stopped, busy or between two launches (a closed
+    // loop is idle for microseconds between its requests; the top-up must
+    // not come and go with them).
+    const bool saturated = !budget.may_burst();
+    unsigned want = 0;
+    bool probing = false;
+    if (g_lc.test_topup != 0) {
+      want = saturated ? g_lc.test_topup : 0;
+    } else if (g_lc.topup != nullptr) {
+      g_lc.topup->advance(now, saturated);
+      probing = g_lc.topup->probing();
+      want = g_lc.topup->tpcs();
+      g_lc.timing.store(saturated ? g_lc.topup->generation() : 0, std::memory_order_release);
+      b.topup_ratio_milli.store(static_cast<std::uint32_t>(g_lc.topup->last_ratio() * 1000), std::memory_order_relaxed);
+    }
+    // A reference probe: best-effort tasks hold as for a burst; the task's
+    // own kernels stay on its reservation (adjust reads `probing`).
+    const std::uint32_t probe = probing ? 1 : 0;
+    const bool probe_changed = b.probing.exchange(probe, std::memory_order_acq_rel) != probe;
+    const std::uint32_t may = budget.may_burst() || probing ? 1 : 0;
+    if (b.may_burst.exchange(may, std::memory_order_acq_rel) != may || probe_changed) {
       // A CUDA graph's kernels keep the mask they were encoded with: a new
       // epoch makes the task's graphs encode again at their next launch
-      // (graphs.cpp), with the burst set or without it. Once per stop or
+      // (graphs.cpp), with the burst set or without it (a probe that
+      // follows a burst keeps may_burst at 1 but ends it). Once per stop or
       // resume, a few microseconds a kernel node (docs/design.md).
       if (ctl::Header* h = header()) h->epoch.fetch_add(1, std::memory_order_acq_rel);
     }
@@ -319,17 +387,20 @@ void* controller(void*) {
                                                                   : roles::LcState::kSaturated),
                   std::memory_order_relaxed);
     b.saturations.store(budget.saturations(), std::memory_order_relaxed);
-    // The burst set: when the status directory changed (entries come and
-    // go by rename and unlink), and every 200 ms (an entry whose task was
-    // killed stays until a reader removes it, without touching the
-    // directory before).
-    if (now >= next_check) {
+    // The burst set and the top-up: when the top-up changes, when the
+    // status directory changed (entries come and go by rename and unlink),
+    // and every 200 ms (an entry whose task was killed stays until a
+    // reader removes it, without touching the directory before).
+    if (now >= next_check || want != applied) {
       next_check = now + 5'000'000;
       const std::int64_t s = dir_stamp();
-      if (s != stamp || now >= next_refresh) {
+      if (s != stamp || now >= next_refresh || want != applied) {
         stamp = s;
         next_refresh = now + 200'000'000;
-        refresh_burst(b);
+        const unsigned most = refresh_burst(b, want);
+        applied = want;
+        if (g_lc.topup != nullptr) g_lc.topup->set_max(most);
+        b.topup_tpcs.store(std::min(want, most), std::memory_order_relaxed);
       }
     }
     if (!busy) {
@@ -364,6 +435,7 @@ void* controller(void*) {
       // Any answer but "not ready" ends the wait: an error must not keep
       // best-effort tasks waiting.
       done = r != CUDA_ERROR_NOT_READY;
+      if (r == CUDA_SUCCESS) time_launch(slot, launches);
     }
     if (!done) {
       sleep_ns(10'000);
@@ -404,7 +476,7 @@ bool start_lc() noexcept {
       try {
         g_lc.file = roles::BeaconFile::create().release();
         g_lc.beacon.store(&g_lc.file->beacon(), std::memory_order_release);
-        refresh_burst(g_lc.file->beacon());
+        refresh_burst(g_lc.file->beacon(), 0);
         g_lc.file->beacon().heartbeat_ns.store(roles::monotonic_ns(), std::memory_order_relaxed);
         g_lc.file->beacon().may_burst.store(1, std::memory_order_relaxed);
         pthread_t t;
@@ -429,10 +501,37 @@ bool start_lc() noexcept {
   return g_lc.started.load(std::memory_order_acquire);
 }
 
-// Before a latency-critical launch: the task is busy from now on.
-std::uint64_t lc_before(CUstream s, bool per_thread) noexcept {
+// The ring's events, in the current context: created on first use; false
+// in another context. Under g_lc.mu.
+bool lc_ring_ready() noexcept {
+  CUcontext ctx = nullptr;
+  if (g_captures.load(std::memory_order_acquire) != 0 ||
+      g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) != CUDA_SUCCESS || ctx == nullptr)
+    return false;
+  if (g_lc.ctx == nullptr) {
+    // Timed when the top-up may time launches.
+    const bool timing = g_lc.topup != nullptr;
+    if (create_events(g_lc.events, kRing, timing) && create_events(g_lc.starts, kRing, timing)) g_lc.ctx = ctx;
+  }
+  return ctx == g_lc.ctx;
+}
+
+// Before a latency-critical launch: the task is busy from now on. While
+// the controller saturates, an event before the launch times it.
+std::uint64_t lc_before(CUstream s, bool per_thread, std::uint64_t key) noexcept {
   if (capturing(s, per_thread) || !start_lc()) return 0;
   const std::uint64_t seq = g_lc.launches.fetch_add(1, std::memory_order_acq_rel) + 1;
+  if (const std::uint64_t gen = g_lc.timing.load(std::memory_order_acquire); gen != 0) {
+    const unsigned slot = static_cast<unsigned>(seq % kRing);
+    pthread_mutex_lock(&g_lc.mu);
+    if (lc_ring_ready() && record(g_lc.starts[slot], s, per_thread) == CUDA_SUCCESS) {
+      g_lc.start_key[slot].store(key, std::memory_order_relaxed);
+      g_lc.start_gen[slot].store(gen, std::memory_order_relaxed);
+      g_lc.start_ns[slot].store(roles::monotonic_ns(), std::memory_order_relaxed);
+      g_lc.start_seq[slot].store(seq, std::memory_order_release);
+    }
+    pthread_mutex_unlock(&g_lc.mu);
+  }
   g_lc.beacon.load(std::memory_order_acquire)->launches.store(seq, std::memory_order_release);
   return seq;
 }
@@ -443,14 +542,7 @@ void lc_after(std::uint64_t seq, CUstream s, bool per_thread) noexcept {
   const unsigned slot = static_cast<unsigned>(seq % kRing);
   std::uint64_t mark = seq | kNoEvent;
   pthread_mutex_lock(&g_lc.mu);
-  CUcontext ctx = nullptr;
-  if (g_captures.load(std::memory_order_acquire) == 0 &&
-      g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) == CUDA_SUCCESS && ctx != nullptr) {
-    if (g_lc.ctx == nullptr) {
-      if (create_events(g_lc.events, kRing)) g_lc.ctx = ctx;
-    }
-    if (ctx == g_lc.ctx && record(g_lc.events[slot], s, per_thread) == CUDA_SUCCESS) mark = seq;
-  }
+  if (lc_ring_ready() && record(g_lc.events[slot], s, per_thread) == CUDA_SUCCESS) mark = seq;
   g_lc.slot_seq[slot].store(mark, std::memory_order_release);
   pthread_mutex_unlock(&g_lc.mu);
   if (g_lc.sleeping.load(std::memory_order_seq_cst) != 0) {
@@ -480,6 +572,7 @@ struct BeState {
   std::uint64_t next_check = 0, next_scan = 0, next_alive = 0;
   std::int64_t stamp = -1;
   std::uint64_t epoch = ~0ull;
+  std::uint64_t topup_gens = 0;  // of the peers, when the floors were last worked out
   roles::BurstBudget* hold_budget = nullptr;
   // The queue (NVTASKSET_BE_DEPTH): one event per `stride` launches, in a
   // ring of `ring` slots.
@@ -522,51 +615,71 @@ std::uint32_t floor_cluster(const SlotPartition& sp, const Bits128& floor) noexc
   return best;
 }
 
+// The sum of the known LC tasks' top-up generations: it changes whenever
+// one of their top-ups does. Under g_be.mu.
+std::uint64_t topup_gens() noexcept {
+  std::uint64_t g = 0;
+  for (const roles::Peer& p : *g_be.peers) g += p.beacon->topup_gen.load(std::memory_order_acquire);
+  return g;
+}
+
 // Beacons of new LC tasks and the liveness of known ones, at most every few
-// milliseconds; the floor of each slot when either or the partition changed.
-// Under g_be.mu.
+// milliseconds; the floor of each slot when either, a top-up (at once) or
+// the partition changed. Under g_be.mu.
 void be_refresh(std::uint64_t now) {
-  if (now < g_be.next_check) return;
-  g_be.next_check = now + 5'000'000;
-  bool changed = false;
-  const std::int64_t s = dir_stamp();
-  if (s != g_be.stamp || now >= g_be.next_scan) {
-    g_be.stamp = s;
-    g_be.next_scan = now + 500'000'000;
-    std::vector<roles::Peer> found = roles::scan_beacons(::getpid(), *g_be.peers);
-    if (found.size() > kMaxPeers) found.resize(kMaxPeers);
-    changed = found.size() != g_be.peers->size();
-    for (std::size_t i = 0; !changed && i < found.size(); ++i) changed = found[i].beacon != (*g_be.peers)[i].beacon;
-    *g_be.peers = std::move(found);
-  } else if (now >= g_be.next_alive) {
-    g_be.next_alive = now + 50'000'000;
-    std::vector<roles::Peer> alive;
-    for (const roles::Peer& p : *g_be.peers)
-      if (roles::peer_alive(p)) alive.push_back(p);
-    changed = alive.size() != g_be.peers->size();
-    *g_be.peers = std::move(alive);
+  const std::uint64_t gens = topup_gens();
+  if (now < g_be.next_check && gens == g_be.topup_gens) return;
+  bool changed = gens != g_be.topup_gens;
+  if (now >= g_be.next_check) {
+    g_be.next_check = now + 5'000'000;
+    const std::int64_t s = dir_stamp();
+    if (s != g_be.stamp || now >= g_be.next_scan) {
+      g_be.stamp = s;
+      g_be.next_scan = now + 500'000'000;
+      std::vector<roles::Peer> found = roles::scan_beacons(::getpid(), *g_be.peers);
+      if (found.size() > kMaxPeers) found.resize(kMaxPeers);
+      bool differ = found.size() != g_be.peers->size();
+      for (std::size_t i = 0; !differ && i < found.size(); ++i) differ = found[i].beacon != (*g_be.peers)[i].beacon;
+      changed = changed || differ;
+      *g_be.peers = std::move(found);
+    } else if (now >= g_be.next_alive) {
+      g_be.next_alive = now + 50'000'000;
+      std::vector<roles::Peer> alive;
+      for (const roles::Peer& p : *g_be.peers)
+        if (roles::peer_alive(p)) alive.push_back(p);
+      changed = changed || alive.size() != g_be.peers->size();
+      *g_be.peers = std::move(alive);
+    }
   }
   g_be.any_lc.store(!g_be.peers->empty(), std::memory_order_release);
+  g_be.topup_gens = topup_gens();
   const ctl::Header* h = header();
   const std::uint64_t epoch = h != nullptr ? h->epoch.load(std::memory_order_acquire) : 0;
   if (!changed && epoch == g_be.epoch) return;
   g_be.epoch = epoch;
-  // The reservations on each slot's GPU, for the callback's floor.
-  for (unsigned i = 0; i < ctl::kMaxDevices; ++i) store_mask(i, Bits128{}, false);
+  // The reservations and top-ups on each slot's GPU, for the callback's floor.
+  for (unsigned i = 0; i < ctl::kMaxDevices; ++i) store_mask(i, SlotView{}, false);
   for (const SlotPartition& sp : region_slots()) {
-    Bits128 reserved;
+    Bits128 reserved, topups;
     std::uint8_t u[16];
     std::memcpy(u, sp.uuid.data(), 16);
     for (const roles::Peer& p : *g_be.peers) {
       if (sp.uuid == kAnyDevice) {
         std::vector<roles::DeviceView> views;
         if (!roles::read_devices(*p.beacon, views)) reserved = Bits128{~0ull, ~0ull};
-        for (const roles::DeviceView& v : views) reserved = reserved | v.reserved;
+        for (const roles::DeviceView& v : views) {
+          reserved = reserved | v.reserved;
+          topups = topups | v.topup;
+        }
       } else {
         reserved = reserved | roles::reserved_on(*p.beacon, u);
+        topups = topups | roles::topup_on(*p.beacon, u);
       }
     }
-    store_mask(sp.slot, reserved, true, {sp.enabled, floor_cluster(sp, roles::floor_of(sp.enabled, reserved))});
+    const Bits128 hard = roles::floor_of(sp.enabled, reserved);
+    store_mask(sp.slot,
+               {reserved, topups, sp.enabled, floor_cluster(sp, roles::floor_of(hard, topups)), floor_cluster(sp, hard)},
+               true);
   }
 }
 
@@ -762,7 +875,7 @@ Launch before(CUstream s, bool per_thread, bool graph, std::uint64_t key) noexce
   Launch l;
   l.key = key;
   switch (static_cast<Role>(g_role.load(std::memory_order_relaxed))) {
-    case Role::kLatencyCritical: l.lc_seq = lc_before(s, per_thread); break;
+    case Role::kLatencyCritical: l.lc_seq = lc_before(s, per_thread, key); break;
     case Role::kBestEffort:
       work_wait(key);
       try {
@@ -922,6 +1035,26 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
     if (r == Role::kLatencyCritical) {
       g_lc.pool = new std::vector<DevicePartition>();
       if (const char* v = option_value(Option::kBurstPool)) *g_lc.pool = decode_partitions(v);
+      g_lc.maps = new std::vector<ClusterMap>();
+      if (const char* v = option_value(Option::kClusterMap)) {
+        try {
+          *g_lc.maps = decode_cluster_maps(v);
+        } catch (const std::invalid_argument& e) {
+          warn((std::string("NVTASKSET_CLUSTER_MAP: ") + e.what() +
+                "; the top-up takes TPCs in mask bit order, not keeping GPCs whole")
+                   .c_str());
+        }
+      }
+      const Choice<LcTopup> t = choice_of<Option::kLcTopup>();
+      if (t.unknown) warn("NVTASKSET_LC_TOPUP: not on or off; using on");
+      const NumberValue tt = number(Option::kTestTopup, 1, 128, 0);
+      g_lc.test_topup = static_cast<std::uint32_t>(tt.value);
+      if (t.value == LcTopup::kOn && g_lc.test_topup == 0) {
+        if (g_drv.event_elapsed.load(std::memory_order_acquire) == nullptr)
+          warn("NVTASKSET_LC_TOPUP: the driver has no cuEventElapsedTime; no top-up");
+        else
+          g_lc.topup = new roles::TopUp();
+      }
     } else {
       g_be.peers = new std::vector<roles::Peer>();
       g_be.maps = new std::vector<ClusterMap>();
@@ -1010,28 +1143,35 @@ void adjust(unsigned slot, Bits128& enabled, std::uint32_t cluster_blocks) noexc
   if (slot >= ctl::kMaxDevices) return;
   switch (static_cast<Role>(g_role.load(std::memory_order_relaxed))) {
     case Role::kLatencyCritical: {
-      // Only while the controller lets it burst: a saturated task runs on
-      // its reservation, next to best-effort tasks on their floors.
+      // Bursting: its burst set. Saturated: its reservation and its top-up.
+      // In a reference probe: its reservation alone.
       const roles::Beacon* b = g_lc.beacon.load(std::memory_order_acquire);
-      if (b == nullptr || b->may_burst.load(std::memory_order_relaxed) != 1) return;
-      Bits128 burst;
-      if (load_mask(slot, burst)) enabled = enabled | burst;
+      if (b == nullptr || b->probing.load(std::memory_order_acquire) == 1) return;
+      SlotView v;
+      if (!load_mask(slot, v)) return;
+      enabled = enabled | (b->may_burst.load(std::memory_order_relaxed) == 1 ? v.m : v.x);
       return;
     }
     case Role::kBestEffort: {
       if (g_floor_users.load(std::memory_order_acquire) == 0) return;
-      Bits128 reserved;
-      FloorHosts f;
-      if (!load_mask(slot, reserved, &f)) return;
-      const Bits128 floor = roles::floor_of(enabled, reserved);
-      // A kernel with clusters goes on the floor only where the floor hosts
-      // them (a misfit would wait for ever, docs/hardware.md): bf16 cuBLAS
-      // matmuls launch clusters of 2 and 4 on an H100, so most of a
-      // training step's time is clustered kernels. The limit counts only
-      // for the partition it was worked out for (a -p since: not known).
-      const bool fits = cluster_blocks <= 1 ||
-                        (f.max_cluster != 0 && f.partition == enabled && cluster_blocks <= f.max_cluster);
-      if (floor.any() && fits) enabled = floor;
+      SlotView v;
+      if (!load_mask(slot, v)) return;
+      // The floor: the partition without the LC reservations and, where it
+      // hosts this kernel's clusters, without their top-ups too. A kernel
+      // with clusters goes on a floor only where it hosts them (a misfit
+      // would wait for ever, docs/hardware.md): bf16 cuBLAS matmuls launch
+      // clusters of 2 and 4 on an H100, so most of a training step's time
+      // is clustered kernels. A top-up never takes a BE kernel's clusters
+      // from it: such a kernel runs beside the top-up, off the
+      // reservations. The limits count only for the partition they were
+      // worked out for (a -p since: not known).
+      const Bits128 hard = roles::floor_of(enabled, v.m);
+      const Bits128 soft = roles::floor_of(hard, v.x);
+      auto fits = [&](std::uint32_t most) {
+        return cluster_blocks <= 1 || (most != 0 && v.partition == enabled && cluster_blocks <= most);
+      };
+      if (soft.any() && fits(v.soft_cluster)) enabled = soft;
+      else if (hard.any() && fits(v.hard_cluster)) enabled = hard;
       else if (ctl::Header* h = header()) bump(h->floor_skipped);
       return;
     }
@@ -1049,6 +1189,9 @@ void atfork_child() noexcept {
   g_lc.stop.store(false, std::memory_order_relaxed);
   g_lc.ctx = nullptr;
   for (auto& s : g_lc.slot_seq) s.store(0, std::memory_order_relaxed);
+  for (auto& s : g_lc.start_seq) s.store(0, std::memory_order_relaxed);
+  g_lc.timing.store(0, std::memory_order_relaxed);
+  if (g_lc.topup != nullptr) *g_lc.topup = roles::TopUp();  // the parent's durations and probes
   g_be.mu = PTHREAD_MUTEX_INITIALIZER;
   g_be.qmu = PTHREAD_MUTEX_INITIALIZER;
   g_be.ctx = nullptr;

@@ -250,7 +250,11 @@ TEST_F(Roles, BestEffortYieldsAsAskedWhileTheLatencyCriticalTaskBursts) {
 TEST_F(Roles, SaturatedLatencyCriticalTaskPutsBestEffortOnItsFloor) {
   touch(hold_);
   Proc* lcp = nullptr;
-  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp);
+  // Without its top-up (and so without the reference probes, during which
+  // best-effort tasks hold): the floor is the partition minus the reservation.
+  Env lc_env = env_;
+  lc_env["NVTASKSET_LC_TOPUP"] = "off";
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp, false, &lc_env);
   ASSERT_GT(lc, 0) << lcp->err();
   // Busy (its first kernel never completes while the hold file exists)
   // for 100 ms in a row: saturated.
@@ -344,6 +348,67 @@ TEST_F(Roles, SaturatedLatencyCriticalTaskKeepsClusteredBestEffortKernelsOnTheFl
   stop("lc", *lcp);
 }
 
+// The top-up (roles.hpp, TopUp): a saturated LC task takes TPCs beyond its
+// reservation from the BE tasks' floors, as many as its controller measured
+// it needs; NVTASKSET_TEST_TOPUP fixes the number, so that this test checks
+// where each task's kernels go, not the measurement (unit tests drive that
+// with traces). Hopper layout as above; LC -t 1,3,5 (GPC 1 whole), top-up 2
+// (at most min(3 reserved, half of the 5 free)): TPC 7 first (it hosts no
+// cluster), then GPC 0's first TPC, 0. Soft floor 2,4,6: clusters of at most
+// 6 SMs; without the top-up, 0,2,4,6,7: GPC 0 whole, clusters of 8.
+TEST_F(Roles, SaturatedLatencyCriticalTaskTakesItsTopUpAndBestEffortKeepsItsClusters) {
+  env_["FAKECUDA_CC"] = "9.0";
+  const std::string topo = path("topology.json");
+  std::ofstream(topo) << hopper_topology_json();
+  touch(hold_);
+  Proc* lcp = nullptr;
+  Env lc_env = env_;
+  lc_env["NVTASKSET_TEST_TOPUP"] = "2";
+  const long lc = start_task({"--topology-file", topo, "-t", "1,3,5", "--latency-critical"}, "lc", &lcp, false, &lc_env);
+  ASSERT_GT(lc, 0) << lcp->err();
+  ASSERT_TRUE(wait_state(lc, "saturated"));
+  // (--status without the topology names them by mask bit: TPC 0 is bit 9, TPC 7 bit 1.)
+  const nlohmann::json tl =
+      wait_task(lc, [](const nlohmann::json& t) { return t["controller"]["topup_size"] == 2; }, "a top-up of 2");
+  EXPECT_EQ(tl["controller"]["topup_tpcs"], "physical 0x202") << tl.dump();
+  EXPECT_EQ(tl["controller"]["probing"], false) << tl.dump();
+  // Its kernels run on its reservation and its top-up.
+  const std::size_t from = records().size();
+  EXPECT_TRUE(AllOn(records_after(lc, from, 0, 3), hopper_disable({0, 1, 3, 5, 7})));
+  // --status says so in the TPC column.
+  const Result st = run({kCli, "--status", "--topology-file", topo});
+  EXPECT_NE(st.out.find("1,3,5 (topped up with 0,7)"), std::string::npos) << st.out;
+  auto be = [&](unsigned cluster) {
+    const Result r = run({kCli, "--no-mps", "--topology-file", topo, "--best-effort", kGraphLauncher, "--mode",
+                          "eager", "--cluster", std::to_string(cluster), "--nodes", "1", "--replays", "2"},
+                         env_);
+    EXPECT_TRUE(ExitedWith(r, 0)) << r;
+    return records_of(printed_pid(r.out));
+  };
+  // A BE task's kernels keep off both, where their clusters fit what is left;
+  EXPECT_TRUE(AllOn(be(1), hopper_disable({2, 4, 6}))) << "no clusters";
+  EXPECT_TRUE(AllOn(be(4), hopper_disable({2, 4, 6}))) << "clusters of 4";
+  // a kernel whose clusters only the floor without the top-up hosts runs
+  // there: the top-up never takes a BE task's clusters from it.
+  EXPECT_TRUE(AllOn(be(8), hopper_disable({0, 2, 4, 6, 7}))) << "clusters of 8";
+  ASSERT_EQ(state(task(lc)), "saturated") << "the LC task stopped being saturated during the test";
+  // Released, it bursts again, and its top-up goes with the saturation.
+  fs::remove(hold_);
+  wait_task(lc, [](const nlohmann::json& t) { return state(t) == "idle" && t["controller"]["may_burst"] == true; },
+            "idle and may burst");
+  wait_task(lc, [](const nlohmann::json& t) { return t["controller"]["topup_size"] == 0; }, "no top-up");
+  stop("lc", *lcp);
+}
+
+// NVTASKSET_LC_TOPUP is on or off; anything else gets one warning and on.
+TEST_F(Roles, LatencyCriticalTopUpOptionIsValidated) {
+  Env env = env_;
+  env["NVTASKSET_LC_TOPUP"] = "maybe";
+  const Result r = run({kCli, "--no-mps", "-t", "0-1", "--latency-critical", kLauncher, "--kernels", "1"}, env);
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_NE(r.err.find("NVTASKSET_LC_TOPUP: not on or off; using on"), std::string::npos) << r.err;
+}
+
 // What the CLI hands a BE task for that (NVTASKSET_CLUSTER_MAP): each GPC's
 // cluster-capable TPCs as mask bits, and the largest cluster it ran; for a
 // BE task only, and never inherited from the caller's environment.
@@ -370,7 +435,11 @@ TEST_F(Roles, BestEffortTaskIsHandedItsGpusClusterLayout) {
                          "--latency-critical", "-t", "0"},
                         env_);
   EXPECT_TRUE(ExitedWith(lc, 0)) << lc;
-  EXPECT_EQ(lc.out.find("NVTASKSET_CLUSTER_MAP"), std::string::npos) << lc.out;
+  // An LC task gets it too: its top-up keeps GPCs whole where it can.
+  std::string lc_map = "(unset)";
+  for (const std::string& l : lines_of(lc.out))
+    if (l.starts_with("NVTASKSET_CLUSTER_MAP=")) lc_map = l.substr(std::strlen("NVTASKSET_CLUSTER_MAP="));
+  EXPECT_EQ(lc_map, map) << lc.out;
   holder2.kill_group();
 }
 

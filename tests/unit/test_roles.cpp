@@ -19,6 +19,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -1084,6 +1085,227 @@ TEST(WorkQueue, LongKernelsQueueOneAtATime) {
   }
   EXPECT_EQ(t.q.durations().estimate(k, 0), 6000 * kUs);
   EXPECT_GE(waits, 18u);
+}
+
+
+// ---- the top-up (TopUp): traces of a saturated LC task's launches ------------------------
+
+// A closed loop played against a TopUp: one launch after another, each
+// timed as `dur(probing, tpcs)` says the GPU ran it, sampled under the
+// generation it was made in (the controller's part played by hand: it
+// passes every millisecond).
+struct Loop {
+  TopUp& u;
+  std::uint64_t now = kT0;
+  std::function<std::uint64_t(bool, unsigned)> dur;
+  std::uint64_t key = kernel_key(reinterpret_cast<const void*>(0x77), 48);
+  // Runs for `ms`, saturated (or not); returns the top-ups seen at each pass.
+  std::vector<unsigned> run(std::uint64_t ms, bool saturated = true) {
+    std::vector<unsigned> seen;
+    const std::uint64_t end = now + ms * kMs;
+    std::uint64_t launched = now, gen = u.generation();
+    std::uint64_t d = dur(u.probing(), u.tpcs());
+    while (now < end) {
+      now += kMs;
+      if (saturated && now >= launched + d) {  // it completed; the next starts at once
+        u.sample(key, d, gen, launched);
+        launched = now;
+        gen = u.generation();
+        d = dur(u.probing(), u.tpcs());
+      }
+      u.advance(now, saturated);
+      if (!saturated) {
+        launched = now;
+        gen = u.generation();
+      }
+      seen.push_back(u.tpcs());
+    }
+    return seen;
+  }
+};
+
+// GPT-2 on 16 TPCs of an H200: 6.5 ms alone; next to the training on the
+// other 50, 1.45x (run 56), less as its top-up takes TPCs from the training.
+std::uint64_t contended(bool probing, unsigned tpcs) {
+  if (probing) return 6'500 * kUs;
+  return static_cast<std::uint64_t>(6'500.0 * 1.45 * 16.0 / (16.0 + tpcs)) * kUs;
+}
+
+TEST(TopUp, ProbesFirstThenGrowsUntilItRunsAsFastAsAlone) {
+  TopUp u;
+  u.set_max(16);
+  Loop l{u};
+  l.dur = contended;
+  EXPECT_EQ(u.tpcs(), 0u);
+  u.advance(l.now, true);
+  EXPECT_TRUE(u.probing());  // nothing known alone yet: a probe first
+  EXPECT_EQ(u.probes(), 1u);
+  l.run(60);
+  EXPECT_FALSE(u.probing()) << "3 launches after the first 15 ms end the probe";
+  // 1.45x at 0, 1.32x at 2, 1.21x at 4, 1.12x at 6, 1.03x... : a step a decision (100 ms)
+  // until its slow launches are no slower than alone (8: 0.97x).
+  const std::vector<unsigned> seen = l.run(1'000);
+  EXPECT_EQ(u.tpcs(), 8u);
+  EXPECT_EQ(seen[150], 2u);
+  EXPECT_NEAR(u.last_ratio(), 6'500.0 * 1.45 * 16 / 24 / 6'500, 0.01);
+  // And stays there (0.97x is inside [0.9, 1.0]) until the next probe, 4 s after the first.
+  const std::vector<unsigned> later = l.run(2'800);
+  for (unsigned t : later) EXPECT_TRUE(t == 8u) << t;
+  EXPECT_EQ(u.probes(), 1u);
+  l.run(300);
+  EXPECT_EQ(u.probes(), 2u);
+  EXPECT_EQ(u.tpcs(), 8u);
+}
+
+TEST(TopUp, ShrinksWhenTheNeighbourLeaves) {
+  TopUp u;
+  u.set_max(16);
+  Loop l{u};
+  l.dur = contended;
+  u.advance(l.now, true);
+  l.run(1'100);
+  ASSERT_EQ(u.tpcs(), 8u);
+  // The training ended: alone with its top-up it runs 16/24 of its time
+  // alone (0.67x), below 0.9: a step back a decision, down to where it is
+  // within [0.9, 1.0] (2 TPCs: 0.89x is still below, so none).
+  l.dur = [](bool, unsigned tpcs) { return static_cast<std::uint64_t>(6'500.0 * 16.0 / (16.0 + tpcs)) * kUs; };
+  l.run(600);
+  EXPECT_EQ(u.tpcs(), 0u);
+  l.run(1'000);
+  EXPECT_EQ(u.tpcs(), 0u) << "1.0x alone is not slower than alone";
+}
+
+TEST(TopUp, TheSlowLaunchesDecideNotOneOutlier) {
+  TopUpParams p;
+  TopUp u(p);
+  u.set_max(16);
+  Loop l{u};
+  l.dur = [](bool probing, unsigned) { return probing ? 5'000 * kUs : 4'750 * kUs; };  // 0.95x: steady
+  u.advance(l.now, true);
+  l.run(1'000);
+  EXPECT_EQ(u.tpcs(), 0u);
+  // One launch in 21 is 1.5x: at the 0.9 quantile of a window's ~21 ratios
+  // it is not the one that decides.
+  unsigned n = 0;
+  l.dur = [&n](bool probing, unsigned) {
+    if (probing) return 5'000 * kUs;
+    return ++n % 21 == 0 ? 7'500 * kUs : 4'750 * kUs;
+  };
+  l.run(2'000);
+  EXPECT_EQ(u.tpcs(), 0u);
+  // Every third one is: that is the tail, and it grows.
+  l.dur = [&n](bool probing, unsigned) {
+    if (probing) return 5'000 * kUs;
+    return ++n % 3 == 0 ? 7'500 * kUs : 4'750 * kUs;
+  };
+  l.run(300);
+  EXPECT_GE(u.tpcs(), 2u);
+}
+
+TEST(TopUp, LaunchesOfAnotherGenerationOrBeforeTheProbeSettledAreNoSamples) {
+  TopUp u;
+  u.set_max(16);
+  const std::uint64_t k = 42;
+  u.advance(kT0, true);
+  ASSERT_TRUE(u.probing());
+  const std::uint64_t g = u.generation();
+  // Launched 10 ms into the probe: it may have waited behind BE work queued before it.
+  u.sample(k, 3 * kMs, g, kT0 + 10 * kMs);
+  u.sample(k, 5 * kMs, g + 1, kT0 + 20 * kMs);  // another generation
+  u.advance(kT0 + 30 * kMs, true);
+  EXPECT_TRUE(u.probing()) << "no sample counted yet";
+  for (int i = 0; i < 3; ++i) u.sample(k, (5 + i) * kMs, g, kT0 + 20 * kMs);
+  u.advance(kT0 + 31 * kMs, true);
+  ASSERT_FALSE(u.probing());
+  // Alone it took 5 ms (the least); a launch of the probe's generation that
+  // completes after it is not a sample of the new one.
+  const std::uint64_t g2 = u.generation();
+  EXPECT_NE(g2, g);
+  for (int i = 0; i < 5; ++i) u.sample(k, 9 * kMs, g, kT0 + 40 * kMs);
+  u.advance(kT0 + 200 * kMs, true);
+  EXPECT_EQ(u.tpcs(), 0u);
+  EXPECT_EQ(u.last_ratio(), 0.0);
+  for (int i = 0; i < 5; ++i) u.sample(k, 6 * kMs, g2, kT0 + 210 * kMs);
+  u.advance(kT0 + 400 * kMs, true);
+  EXPECT_EQ(u.tpcs(), 2u);
+  EXPECT_DOUBLE_EQ(u.last_ratio(), 6.0 / 5.0);
+  // A kernel never timed alone is no measure: nothing to decide on.
+  for (int i = 0; i < 5; ++i) u.sample(k + 1, 60 * kMs, u.generation(), kT0 + 410 * kMs);
+  u.advance(kT0 + 600 * kMs, true);
+  EXPECT_EQ(u.tpcs(), 2u);
+}
+
+TEST(TopUp, AProbeThatTimesNothingDecidesNothingAndIsNotRepeatedAtOnce) {
+  TopUp u;
+  u.set_max(16);
+  u.advance(kT0, true);
+  ASSERT_TRUE(u.probing());
+  u.advance(kT0 + 81 * kMs, true);  // its 80 ms are over
+  EXPECT_FALSE(u.probing());
+  for (std::uint64_t t = 82; t < 4'000; t += 5) {
+    u.advance(kT0 + t * kMs, true);
+    ASSERT_FALSE(u.probing()) << t;
+    ASSERT_EQ(u.tpcs(), 0u);
+  }
+  u.advance(kT0 + 4'082 * kMs, true);
+  EXPECT_TRUE(u.probing());
+  EXPECT_EQ(u.probes(), 2u);
+}
+
+TEST(TopUp, NoneWhileBurstingOrIdleAndItsSizeIsKeptForTheNextSaturation) {
+  TopUp u;
+  u.set_max(16);
+  Loop l{u};
+  l.dur = contended;
+  u.advance(l.now, true);
+  l.run(1'100);
+  ASSERT_EQ(u.tpcs(), 8u);
+  const std::uint64_t g = u.generation();
+  l.run(300, false);  // its burst resumed
+  EXPECT_EQ(u.tpcs(), 0u);
+  EXPECT_FALSE(u.probing());
+  EXPECT_NE(u.generation(), g);
+  u.advance(l.now + kMs, true);  // stopped again, within 4 s of the last probe
+  EXPECT_FALSE(u.probing());
+  EXPECT_EQ(u.tpcs(), 8u);
+}
+
+TEST(TopUp, TheBoundCapsItAndForgetProbesAgain) {
+  TopUp u;
+  u.set_max(4);
+  Loop l{u};
+  l.dur = contended;
+  u.advance(l.now, true);
+  l.run(1'100);
+  EXPECT_EQ(u.tpcs(), 4u);
+  const std::uint64_t g = u.generation();
+  u.set_max(2);  // a new neighbour took TPCs: fewer left to take
+  EXPECT_EQ(u.tpcs(), 2u);
+  EXPECT_NE(u.generation(), g);
+  u.forget();  // its reservation changed
+  u.advance(l.now + kMs, true);
+  EXPECT_TRUE(u.probing());
+}
+
+TEST(ChooseTopup, WithoutAMapInMaskBitOrder) {
+  const Bits128 free{0xf0, 0}, reserved{0x03, 0};
+  EXPECT_EQ(choose_topup(free, reserved, nullptr, 2), (Bits128{0x30, 0}));
+  EXPECT_EQ(choose_topup(free, reserved, nullptr, 9), free);  // fewer when there are fewer
+  EXPECT_EQ(choose_topup(free, reserved, nullptr, 0), Bits128{});
+}
+
+TEST(ChooseTopup, NoClusterTpcsFirstThenTheReservationsGpcsThenWholeGpcs) {
+  // GPC 0: bits 0-3, GPC 1: bits 4-7, GPC 2: bits 8-11; bit 12 hosts no cluster.
+  ClusterMap m;
+  m.capable = PhysicalTpcMask{Bits128{0xfff, 0}};
+  m.gpcs = {{PhysicalTpcMask{Bits128{0x00f, 0}}, 16}, {PhysicalTpcMask{Bits128{0x0f0, 0}}, 16},
+            {PhysicalTpcMask{Bits128{0xf00, 0}}, 16}};
+  const Bits128 reserved{0x030, 0};  // two TPCs of GPC 1
+  const Bits128 free{0x1fff & ~0x030ull, 0};
+  EXPECT_EQ(choose_topup(free, reserved, &m, 1), (Bits128{0x1000, 0}));
+  EXPECT_EQ(choose_topup(free, reserved, &m, 3), (Bits128{0x10c0, 0}));  // then GPC 1's other two
+  EXPECT_EQ(choose_topup(free, reserved, &m, 5), (Bits128{0x10c3, 0}));  // then GPC 0, in bit order
+  EXPECT_EQ(choose_topup(free, reserved, &m, 20), free);
 }
 
 }  // namespace

@@ -37,6 +37,8 @@ enum class Option : unsigned {
   kBeQueueUs,        // NVTASKSET_BE_QUEUE_US
   kClusterMap,       // NVTASKSET_CLUSTER_MAP (CLI -> task)
   kBeWorkUs,         // NVTASKSET_BE_WORK_US
+  kLcTopup,          // NVTASKSET_LC_TOPUP
+  kTestTopup,        // NVTASKSET_TEST_TOPUP (tests)
 };
 
 enum class OptionKind { kChoice, kPath, kInternal, kNumber };
@@ -103,12 +105,20 @@ inline constexpr OptionDesc kOptions[] = {
      "launch still queued was queued more than this many microseconds ago (0: no such bound; "
      "NVTASKSET_BE_DEPTH stays the most launches queued)"},
     {Option::kClusterMap, "NVTASKSET_CLUSTER_MAP", OptionKind::kInternal, "", false,
-     "set by nvtaskset --best-effort: which TPCs of each GPU host thread-block clusters together, so that the "
-     "task's clustered kernels can go on its floor where it hosts them (partition.hpp, ClusterMap)"},
+     "set by nvtaskset --best-effort and --latency-critical: which TPCs of each GPU host thread-block clusters "
+     "together, so that a best-effort task's clustered kernels can go on its floor where it hosts them, and a "
+     "latency-critical task's top-up keeps them whole (partition.hpp, ClusterMap)"},
     {Option::kBeWorkUs, "NVTASKSET_BE_WORK_US", OptionKind::kNumber, "0-1000000, default 0", true,
      "while a latency-critical task exists, a --best-effort task keeps at most this many microseconds of work "
      "queued, in its kernels' durations as timed on its own earlier launches, instead of NVTASKSET_BE_DEPTH "
      "launches (which then only caps the launches, at most 63; 0: bounded in launches)"},
+    {Option::kLcTopup, "NVTASKSET_LC_TOPUP", OptionKind::kChoice, "on|off", true,
+     "a --latency-critical task whose burst stopped (it keeps the GPU busy) takes TPCs from the best-effort "
+     "tasks beyond its reservation, as many as make its kernels as fast as alone on its reservation (timed "
+     "against short probes of it alone), at most as many again as it reserved; off: its reservation only"},
+    {Option::kTestTopup, "NVTASKSET_TEST_TOPUP", OptionKind::kInternal, "", false,
+     "FOR TESTS ONLY: a latency-critical task whose burst stopped takes this many TPCs beyond its reservation, "
+     "without timing anything, so that tests can check where each task's kernels go"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }
@@ -176,6 +186,7 @@ enum class OnClusterMisfit : unsigned { kAbort, kWiden };
 enum class MpsOtherUser : unsigned { kWait, kFail };
 enum class SmCount : unsigned { kDevice, kPartition };
 enum class BeYield : unsigned { kHold, kFloor, kRun };
+enum class LcTopup : unsigned { kOn, kOff };
 
 template <Option O>
 struct ChoiceOf;  // defined for the choice options that have an enum
@@ -206,6 +217,12 @@ struct ChoiceOf<Option::kBeYield> {
   static constexpr const char* names[] = {"hold", "floor", "run"};
 };
 
+template <>
+struct ChoiceOf<Option::kLcTopup> {
+  using type = LcTopup;
+  static constexpr const char* names[] = {"on", "off"};
+};
+
 template <Option O>
 using choice_t = typename ChoiceOf<O>::type;
 
@@ -230,6 +247,7 @@ static_assert(choice_names_match<Option::kOnClusterMisfit>());
 static_assert(choice_names_match<Option::kMpsOtherUser>());
 static_assert(choice_names_match<Option::kSmCount>());
 static_assert(choice_names_match<Option::kBeYield>());
+static_assert(choice_names_match<Option::kLcTopup>());
 
 // A choice option's value: `value` is the default when unset or unknown;
 // `unknown` says the option was set to none of its values (`text`, the
