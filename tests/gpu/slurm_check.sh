@@ -281,7 +281,9 @@ if [[ -z ${STANDIN_LAUNCHER:-} ]]; then
   bt=$("$BUSY" --work 40 2>/dev/null | sed -n 's/.*busy: \([0-9.]*\) s.*/\1/p')
   work=$(python3 -c "import sys; t=float(sys.argv[1] or 0.4); print(max(40, int(8.0 / max(t / 40, 1e-4))))" "$bt")
   say "srun --gpu-tpcs=16 --gpu-role=latency-critical $BUSY --work $work (about 8 s), then a --gpu-role=best-effort probe beside it"
-  timeout "$(left 60)" srun -J lcbusy --gpu-tpcs=16 --gpu-role=latency-critical "$BUSY" --work "$work" \
+  # (Its top-up off, NVTASKSET_LC_TOPUP=off, passed on by srun: the floor is then every TPC but the
+  # reservation; verify.py roles f checks the top-up.)
+  NVTASKSET_LC_TOPUP=off timeout "$(left 60)" srun -J lcbusy --gpu-tpcs=16 --gpu-role=latency-critical "$BUSY" --work "$work" \
     >"$W/olcb" 2>"$W/elcb" </dev/null &
   sL=$!
   lc_res() { "$NV" --status --json 2>/dev/null | python3 -c '

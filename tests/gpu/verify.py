@@ -2099,8 +2099,9 @@ def section_roles():
         LOG.write(f"$ [as {user}] {' '.join(cmd)}  [rc={rc}]\n{out}{err}\n")
         return rc, out, err
 
+    # (Without its top-up, which f checks: its floor is then every TPC but its reservation.)
     with Task([NV, "--no-mps", "-t", "0-15", "--latency-critical", f"{GPUBIN}/busy", "--work", str(work)],
-              "roles-lc-sat") as ts:
+              "roles-lc-sat", env={"NVTASKSET_LC_TOPUP": "off"}) as ts:
         state = wait_state(ts.pid, "saturated", 15)
         check("roles d: LC -t 0-15 running compute-bound kernels back to back: --status says saturated",
               state == "saturated", f"state {state} (busy --work {work}, {per * 1e3:.2f} ms a kernel alone)")
@@ -2131,6 +2132,34 @@ def section_roles():
         rcp, op, ep = run_as("nvt-b", [HARD + "/bin/nvtaskset", "-p", "-t", "16-31", str(ts.pid)])
         check("roles d: the other user cannot steer the LC task (-p -t 16-31)", rcp != 0, f"rc={rcp} {ep.strip()}")
         ts.kill()
+    # f. The top-up (NVTASKSET_LC_TOPUP): a saturated LC task takes TPCs beyond its reservation, and BE
+    #    kernels keep off them. NVTASKSET_TEST_TOPUP fixes it at 8 (where the controller's measurement
+    #    would put it is the benchmark's to show: bench/lc_be_mix.py); --status names them, and the BE
+    #    task's kernels run on every TPC but the reservation and those (%smid, no MPS).
+    with Task([NV, "--no-mps", "-t", "0-15", "--latency-critical", f"{GPUBIN}/busy", "--work", str(work)],
+              "roles-lc-topup", env={"NVTASKSET_TEST_TOPUP": "8"}) as tt:
+        state = wait_state(tt.pid, "saturated", 15)
+        t0, c = time.monotonic(), {}
+        while time.monotonic() - t0 < 10:
+            c = (status_of(tt.pid) or {}).get("controller") or {}
+            if c.get("topup_size") == 8 and c.get("topup_tpcs"):
+                break
+            time.sleep(0.2)
+        topup = parse_ranges(c.get("topup_tpcs") or "") if c.get("topup_tpcs") else set()
+        check("roles f: a saturated LC -t 0-15 with a top-up of 8: --status names 8 TPCs outside its reservation",
+              state == "saturated" and len(topup) == 8 and not (topup & res["0-15"]),
+              f"state {state}, topup_tpcs {c.get('topup_tpcs')!r}, topup_size {c.get('topup_size')}")
+        rc, out, err, _ = run([NV, "--no-mps", "--best-effort", f"{GPUBIN}/smid_probe", "--iters", "3"], timeout=60)
+        rows = [parse_ranges(l.split()[-1]) for l in out.splitlines() if l.startswith("iter ")]
+        st = wait_state(tt.pid, "saturated", 1)
+        check("roles f: a BE task's kernels next to it run on every TPC but its reservation and its top-up",
+              rc == 0 and len(rows) == 3 and all(r == allt - res["0-15"] - topup for r in rows) and st == "saturated",
+              f"{[ranges(r) for r in rows]} (want {ranges(allt - res['0-15'] - topup)}) rc={rc} (LC still {st}) "
+              f"{err.strip()[-200:]}")
+        rc, out, err, _ = run([NV, "--status"], timeout=30)
+        line = next((l for l in out.splitlines() if l.startswith(str(tt.pid) + " ")), "")
+        check("roles f: the --status table says it is topped up", "(topped up with " in line, line.strip())
+        tt.kill()
     # e. Under MPS, by throughput: BE's compute-bound work alone, next to a stale LC task on -n 16, and after
     #    the LC task died.
     times = {}
