@@ -100,6 +100,8 @@ ROLE_VARIANTS = {
     "roles-w500": ({"NVTASKSET_BE_WORK_US": "500"}, "BE queue bounded in learned work: 500 us"),
     "roles-w1000": ({"NVTASKSET_BE_WORK_US": "1000"}, "BE queue bounded in learned work: 1 ms"),
     "roles-floor": ({YIELD_ENV: "floor"}, f"BE on its floor while LC bursts ({YIELD_ENV}=floor)"),
+    "roles-fd4": ({"NVTASKSET_BE_FLOOR_DEPTH": "4"},
+                  "BE queue of 4 launches on its floor too (NVTASKSET_BE_FLOOR_DEPTH=4; the default is 16)"),
     "roles-run": ({YIELD_ENV: "run"}, f"BE not held while LC bursts ({YIELD_ENV}=run)"),
 }
 # Other static shapes, LC -n L --exclusive / BE -n B --exclusive (only when named): how many TPCs the

@@ -357,7 +357,8 @@ void WorkQueue::pop(std::int64_t elapsed_ns) noexcept {
 
 // ---- the top-up ---------------------------------------------------------------------------
 
-void TopUp::set_max(unsigned max_tpcs) noexcept {
+void TopUp::set_max(unsigned max_tpcs, unsigned reserved) noexcept {
+  reserved_ = reserved;
   if (max_ == max_tpcs) return;
   max_ = max_tpcs;
   if (tpcs_ > max_) {
@@ -416,11 +417,18 @@ void TopUp::advance(std::uint64_t now, bool saturated) noexcept {
     return;
   }
   std::sort(ratios_, ratios_ + n_);
-  const unsigned at = std::min(n_ - 1, static_cast<unsigned>(p_.quantile * static_cast<double>(n_)));
+  // Nearest rank: the ceil(q n)-th smallest (of 20 at 0.95, the slowest but one).
+  const unsigned rank = static_cast<unsigned>(std::ceil(p_.quantile * static_cast<double>(n_)));
+  const unsigned at = std::min(n_ - 1, rank > 0 ? rank - 1 : 0);
   const double r = ratios_[at];
   last_ratio_ = r;
   const unsigned before = tpcs_;
-  if (r > p_.grow_above) tpcs_ = std::min(max_, tpcs_ + p_.step);
+  if (r > p_.grow_above) {
+    const double need = static_cast<double>(reserved_ + tpcs_) * (r - 1.0);
+    unsigned add = std::max(p_.step, static_cast<unsigned>(std::ceil(need)));
+    add += add % 2;  // an even number, as the step
+    tpcs_ = std::min(max_, tpcs_ + add);
+  }
   else if (r < p_.shrink_below) tpcs_ = tpcs_ > p_.step ? tpcs_ - p_.step : 0;
   if (tpcs_ != before) ++gen_;
   start_window(now);

@@ -318,6 +318,13 @@ unsigned refresh_burst(roles::Beacon& b, unsigned topup) {
   return most == ~0u ? 0 : most;
 }
 
+// The reservation's size: the least over the task's GPUs, in TPCs.
+unsigned reserved_tpcs() {
+  unsigned n = ~0u;
+  for (const SlotPartition& sp : region_slots()) n = std::min(n, sp.enabled.count());
+  return n == ~0u ? 0 : n;
+}
+
 // The budgets, unless a test stretches them (NVTASKSET_TEST_BURST_MS).
 roles::BudgetParams budget_params(roles::BudgetParams p) noexcept {
   const NumberValue t = number(Option::kTestBurstMs, 1, 3'600'000, 0);
@@ -399,7 +406,7 @@ void* controller(void*) {
         next_refresh = now + 200'000'000;
         const unsigned most = refresh_burst(b, want);
         applied = want;
-        if (g_lc.topup != nullptr) g_lc.topup->set_max(most);
+        if (g_lc.topup != nullptr) g_lc.topup->set_max(most, reserved_tpcs());
         b.topup_tpcs.store(std::min(want, most), std::memory_order_relaxed);
       }
     }
@@ -560,6 +567,10 @@ constexpr unsigned kMaxPeers = 16;
 // while the BE ran 625 instead of 656 matmuls/s (bench/yield_time.py --roles,
 // docs/results.md).
 constexpr unsigned kDefaultBeDepth = 4;
+// Its queue while on the floor (every busy LC task saturated), in launches:
+// 16 cost the training 3-6% next to an idle LC task where 4 cost 22% (H100,
+// runs 40-41); nothing waits behind them for TPCs.
+constexpr unsigned kDefaultBeFloorDepth = 16;
 
 struct BeState {
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;  // peers, floors, budget
@@ -578,6 +589,10 @@ struct BeState {
   // ring of `ring` slots.
   pthread_mutex_t qmu = PTHREAD_MUTEX_INITIALIZER;
   unsigned depth = 4, stride = 1, ring = 4;  // configure() sets them
+  // How many events back a launch waits for: `back` (the depth in
+  // strides), or `floor_back` for a launch on the floor
+  // (NVTASKSET_BE_FLOOR_DEPTH; 0: as any other).
+  unsigned back = 4, floor_back = 0;
   // NVTASKSET_BE_YIELD; and whether the queue is bounded at all (hold, or a
   // depth or a time bound asked for).
   BeYield yield = BeYield::kHold;
@@ -827,7 +842,7 @@ void work_wait(std::uint64_t key) noexcept {
 // task exists. With none, the queue is the program's own: a BE task with no
 // LC task gets everything, its throughput included. (An LC task that then
 // starts may find a deep queue once: the bound holds from the next launch.)
-void be_after(CUstream s, bool per_thread, std::uint64_t key) noexcept {
+void be_after(CUstream s, bool per_thread, std::uint64_t key, bool floor) noexcept {
   if (!g_be.bounded || !g_be.any_lc.load(std::memory_order_acquire)) {
     if (g_be.work != nullptr) g_be.unchained.store(true, std::memory_order_relaxed);
     return;
@@ -850,10 +865,16 @@ void be_after(CUstream s, bool per_thread, std::uint64_t key) noexcept {
   ++g_be.count;
   if (g_be.count % g_be.stride == 0 && ring_ready(s, per_thread, g_be.ring, false)) {
     const unsigned slot = static_cast<unsigned>((g_be.count / g_be.stride) % g_be.ring);
-    // The oldest queued launch: wait until it ran.
-    if (g_be.recorded[slot] &&
-        g_drv.event_query.load(std::memory_order_acquire)(g_be.events[slot]) == CUDA_ERROR_NOT_READY)
-      wait_slot(slot);
+    // The launch `back` events ago: wait until it ran. On the floor (every
+    // busy LC task saturated) the queue may be deeper: its kernels keep off
+    // the reservations, so an LC request does not wait behind them for
+    // TPCs, and a queue of 4 launches cost GPT-2-medium training 22%
+    // (docs/results.md, "What the best-effort queue costs by itself").
+    const unsigned back = floor && g_be.floor_back != 0 ? g_be.floor_back : g_be.back;
+    const unsigned w = (slot + g_be.ring - back % g_be.ring) % g_be.ring;
+    if (g_be.recorded[w] &&
+        g_drv.event_query.load(std::memory_order_acquire)(g_be.events[w]) == CUDA_ERROR_NOT_READY)
+      wait_slot(w);
     g_be.recorded[slot] = record(g_be.events[slot], s, per_thread) == CUDA_SUCCESS;
     if (g_be.queue_ns != 0) {
       g_be.recorded_ns[slot] = roles::monotonic_ns();
@@ -895,7 +916,7 @@ void after(const Launch& l, CUstream s, bool per_thread) noexcept {
     case Role::kLatencyCritical: lc_after(l.lc_seq, s, per_thread); break;
     case Role::kBestEffort:
       if (l.floor) g_floor_users.fetch_sub(1, std::memory_order_acq_rel);
-      be_after(s, per_thread, l.key);
+      be_after(s, per_thread, l.key, l.floor);
       break;
     case Role::kNone: break;
   }
@@ -1098,6 +1119,16 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
       if (g_be.stride == 0) g_be.stride = 1;
       g_be.ring = (g_be.depth + g_be.stride - 1) / g_be.stride;
       if (g_be.ring == 0) g_be.ring = 1;
+      g_be.back = g_be.ring;
+      // On the floor: at most NVTASKSET_BE_FLOOR_DEPTH launches, in the
+      // same strides, in a ring that holds both (at most 64 events).
+      const NumberValue fd = number(Option::kBeFloorDepth, 1, 1024, kDefaultBeFloorDepth);
+      if (fd.bad) warn("NVTASKSET_BE_FLOOR_DEPTH: not a number from 1 to 1024; using 16");
+      if (g_be.queue_ns == 0) {
+        const unsigned fb = std::min(64u, static_cast<unsigned>((fd.value + g_be.stride - 1) / g_be.stride));
+        g_be.floor_back = std::max(fb, 1u);
+        g_be.ring = std::max(g_be.ring, g_be.floor_back);
+      }
     }
   } catch (const std::exception& e) {
     warn((std::string(roles::role_name(r)) + ": " + e.what() + "; the task runs without its role").c_str());

@@ -912,6 +912,59 @@ TEST_F(Roles, BestEffortKeepsAtMostDepthLaunchesQueued) {
   stop("lc", *lp);
 }
 
+// On the floor (every busy LC task saturated) the queue may be deeper:
+// NVTASKSET_BE_FLOOR_DEPTH launches (default 16) instead of
+// NVTASKSET_BE_DEPTH. The kernels held "running", a BE task of 10 launches
+// next to a saturated LC task queues all 10 on its floor without a wait; at
+// a floor depth of 4 it waits once 4 are queued.
+TEST_F(Roles, BestEffortOnItsFloorQueuesFloorDepthLaunches) {
+  touch(hold_);
+  Proc* lcp = nullptr;
+  Env lc_env = env_;
+  lc_env["NVTASKSET_LC_TOPUP"] = "off";  // no probes: the BE task never holds
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp, false, &lc_env);
+  ASSERT_GT(lc, 0) << lcp->err();
+  ASSERT_TRUE(wait_state(lc, "saturated"));
+  Env env = env_;
+  env["NVTASKSET_BE_DEPTH"] = "4";
+  Proc& deep = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "10", "--idle-until",
+                      path("until.deep"), "--ready-file", path("ready.deep")},
+                     env);
+  ASSERT_GT(wait_ready(path("ready.deep"), deep), 0);
+  const auto recs = wait_records(deep.pid, 10);
+  EXPECT_EQ(recs.size(), 10u);
+  EXPECT_TRUE(AllOn(recs, on(0xfc)));
+  const nlohmann::json td = wait_task(
+      deep.pid, [](const nlohmann::json& x) { return x.value("kernels_launched", 0) == 10; }, "10 launches");
+  EXPECT_EQ(counter(td, "queue_waits"), 0u) << td.dump();
+  EXPECT_EQ(state(td), "floor") << td.dump();
+
+  env["NVTASKSET_BE_FLOOR_DEPTH"] = "4";
+  Proc& shallow = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "10"}, env);
+  const nlohmann::json ts =
+      wait_task(shallow.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
+  const auto queued = records_of(shallow.pid);
+  EXPECT_GE(queued.size(), 4u);
+  EXPECT_LE(queued.size(), 5u);
+  EXPECT_EQ(counter(ts, "queue_waits"), 1u) << ts.dump();
+  ASSERT_EQ(state(task(lc)), "saturated");
+  fs::remove(hold_);
+  EXPECT_TRUE(ExitedWith(shallow.wait(), 0));
+  stop("deep", deep);
+  stop("lc", *lcp);
+}
+
+// A bad NVTASKSET_BE_FLOOR_DEPTH: one warning, and the default.
+TEST_F(Roles, BadFloorDepthIsOneWarningAndTheTaskRuns) {
+  Env env = env_;
+  env["NVTASKSET_BE_FLOOR_DEPTH"] = "0";
+  const Result r = run({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "3"}, env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  const auto ls = lines_of(r.err);
+  ASSERT_EQ(ls.size(), 1u) << r;
+  EXPECT_NE(ls[0].find("NVTASKSET_BE_FLOOR_DEPTH: not a number from 1 to 1024; using 16"), std::string::npos) << r;
+}
+
 // NVTASKSET_BE_QUEUE_US: the queue is also bounded in time. With the BE's
 // kernels held "running", a launch every 20 ms, room for 64 and a bound of
 // 200 ms, the task waits once its first launch was queued 200 ms ago (about

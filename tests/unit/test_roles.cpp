@@ -1133,7 +1133,7 @@ std::uint64_t contended(bool probing, unsigned tpcs) {
 
 TEST(TopUp, ProbesFirstThenGrowsUntilItRunsAsFastAsAlone) {
   TopUp u;
-  u.set_max(16);
+  u.set_max(16, 16);
   Loop l{u};
   l.dur = contended;
   EXPECT_EQ(u.tpcs(), 0u);
@@ -1142,11 +1142,13 @@ TEST(TopUp, ProbesFirstThenGrowsUntilItRunsAsFastAsAlone) {
   EXPECT_EQ(u.probes(), 1u);
   l.run(60);
   EXPECT_FALSE(u.probing()) << "3 launches after the first 15 ms end the probe";
-  // 1.45x at 0, 1.32x at 2, 1.21x at 4, 1.12x at 6, 1.03x... : a step a decision (100 ms)
-  // until its slow launches are no slower than alone (8: 0.97x).
+  // 1.45x at 0: what would pay that back if its time fell in proportion to
+  // its TPCs, 16 x 0.45 = 7.2, rounded up to 8, in one decision (100 ms
+  // after the probe); there its slow launches are no slower than alone (0.97x).
   const std::vector<unsigned> seen = l.run(1'000);
   EXPECT_EQ(u.tpcs(), 8u);
-  EXPECT_EQ(seen[150], 2u);
+  EXPECT_EQ(seen[50], 0u);
+  EXPECT_EQ(seen[150], 8u);
   EXPECT_NEAR(u.last_ratio(), 6'500.0 * 1.45 * 16 / 24 / 6'500, 0.01);
   // And stays there (0.97x is inside [0.9, 1.0]) until the next probe, 4 s after the first.
   const std::vector<unsigned> later = l.run(2'800);
@@ -1154,6 +1156,21 @@ TEST(TopUp, ProbesFirstThenGrowsUntilItRunsAsFastAsAlone) {
   EXPECT_EQ(u.probes(), 1u);
   l.run(300);
   EXPECT_EQ(u.probes(), 2u);
+  EXPECT_EQ(u.tpcs(), 8u);
+}
+
+TEST(TopUp, WithoutAReservationSizeItGrowsAStepADecision) {
+  TopUp u;
+  u.set_max(16);  // the reservation's size unknown: 0 x (ratio - 1)
+  Loop l{u};
+  l.dur = contended;
+  u.advance(l.now, true);
+  l.run(60);
+  // 1.45x at 0, 1.32x at 2, 1.21x at 4, 1.12x at 6, 1.03x at 6... : 2 a decision (100 ms)
+  // until its slow launches are no slower than alone (8: 0.97x).
+  const std::vector<unsigned> seen = l.run(1'000);
+  EXPECT_EQ(seen[150], 2u);
+  EXPECT_EQ(seen[250], 4u);
   EXPECT_EQ(u.tpcs(), 8u);
 }
 
@@ -1184,12 +1201,12 @@ TEST(TopUp, TheSlowLaunchesDecideNotOneOutlier) {
   u.advance(l.now, true);
   l.run(1'000);
   EXPECT_EQ(u.tpcs(), 0u);
-  // One launch in 21 is 1.5x: at the 0.9 quantile of a window's ~21 ratios
-  // it is not the one that decides.
+  // One launch in 50 is 1.5x: at the 0.9 quantile of a window's ~20
+  // ratios (by nearest rank the slowest but two) it is not the one that decides.
   unsigned n = 0;
   l.dur = [&n](bool probing, unsigned) {
     if (probing) return 5'000 * kUs;
-    return ++n % 21 == 0 ? 7'500 * kUs : 4'750 * kUs;
+    return ++n % 50 == 0 ? 7'500 * kUs : 4'750 * kUs;
   };
   l.run(2'000);
   EXPECT_EQ(u.tpcs(), 0u);

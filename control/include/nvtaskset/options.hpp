@@ -39,6 +39,7 @@ enum class Option : unsigned {
   kBeWorkUs,         // NVTASKSET_BE_WORK_US
   kLcTopup,          // NVTASKSET_LC_TOPUP
   kTestTopup,        // NVTASKSET_TEST_TOPUP (tests)
+  kBeFloorDepth,     // NVTASKSET_BE_FLOOR_DEPTH
 };
 
 enum class OptionKind { kChoice, kPath, kInternal, kNumber };
@@ -119,6 +120,10 @@ inline constexpr OptionDesc kOptions[] = {
     {Option::kTestTopup, "NVTASKSET_TEST_TOPUP", OptionKind::kInternal, "", false,
      "FOR TESTS ONLY: a latency-critical task whose burst stopped takes this many TPCs beyond its reservation, "
      "without timing anything, so that tests can check where each task's kernels go"},
+    {Option::kBeFloorDepth, "NVTASKSET_BE_FLOOR_DEPTH", OptionKind::kNumber, "1-1024, default 16", true,
+     "a --best-effort task's launches on its floor (every busy latency-critical task saturated) keep at most this "
+     "many launches queued instead of NVTASKSET_BE_DEPTH: they keep off the reservations, so nothing waits behind "
+     "them for TPCs (not with NVTASKSET_BE_QUEUE_US or NVTASKSET_BE_WORK_US)"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }

@@ -412,11 +412,18 @@ struct TopUpParams {
   // Of the ratios of a window's launches to their durations alone, the one
   // at this quantile decides: the slow launches, the tail (the issue's
   // target is a p99), not the average, which stays below 1 while the p99 is
-  // above (static 20 / 46 on an H200: p50 1.01x, p99 1.26x; run 56).
+  // above (static 20 / 46 on an H200: p50 1.01x, p99 1.26x; run 56). By
+  // nearest rank: of a window's 12-20 launches, the slowest but one or two,
+  // so that one outlier does not decide.
   double quantile = 0.9;
   double grow_above = 1.0;    // more TPCs while that ratio is above this
   double shrink_below = 0.9;  // fewer while below this
-  unsigned step = 2;          // TPCs a decision
+  // TPCs a decision: at least `step`, and growing, as many as would pay the
+  // ratio back if the task's time fell in proportion to its TPCs ((reserved
+  // + top-up) x (ratio - 1), rounded up to a TPC pair): one or two
+  // decisions reach the top-up instead of one step of 2 per 100 ms (run 57:
+  // still at 4-6 after 3 s, its slow transient in every window's tail).
+  unsigned step = 2;
   std::uint64_t probe_every_ns = 4'000'000'000;  // a reference probe this often while saturated
   // Launches made this soon after a probe began may wait behind BE work
   // queued before it (the give-back: 5-13 ms, docs/results.md): not counted.
@@ -431,8 +438,9 @@ class TopUp {
  public:
   static constexpr unsigned kWindow = 64;  // ratios kept per decision window
   explicit TopUp(TopUpParams p = {}) noexcept : p_(p) {}
-  // At most this many TPCs (the controller's bound: see choose_topup).
-  void set_max(unsigned max_tpcs) noexcept;
+  // At most this many TPCs (the controller's bound: see choose_topup), for a
+  // reservation of `reserved` TPCs.
+  void set_max(unsigned max_tpcs, unsigned reserved = 0) noexcept;
   // A pass of the controller at `now`: the task saturated or not.
   void advance(std::uint64_t now, bool saturated) noexcept;
   // A reference probe: BE tasks hold, the task runs on its reservation alone.
@@ -458,7 +466,7 @@ class TopUp {
   }
   TopUpParams p_;
   Mode mode_ = Mode::kOff;
-  unsigned max_ = 0, tpcs_ = 0;
+  unsigned max_ = 0, tpcs_ = 0, reserved_ = 0;
   std::uint64_t gen_ = 1;
   std::uint64_t probe_start_ = 0, probed_at_ = 0, probes_ = 0;
   unsigned probe_n_ = 0;
