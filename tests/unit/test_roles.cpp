@@ -1099,6 +1099,11 @@ struct Loop {
   std::uint64_t now = kT0;
   std::function<std::uint64_t(bool, unsigned)> dur;
   std::uint64_t key = kernel_key(reinterpret_cast<const void*>(0x77), 48);
+  // Saturates it and runs for `ms` (long enough for the top-up to settle).
+  void settle(std::uint64_t ms = 1'100) {
+    u.advance(now, true);
+    run(ms);
+  }
   // Runs for `ms`, saturated (or not); returns the top-ups seen at each pass.
   std::vector<unsigned> run(std::uint64_t ms, bool saturated = true) {
     std::vector<unsigned> seen;
@@ -1143,12 +1148,13 @@ TEST(TopUp, ProbesFirstThenGrowsUntilItRunsAsFastAsAlone) {
   l.run(60);
   EXPECT_FALSE(u.probing()) << "3 launches after the first 15 ms end the probe";
   // 1.45x at 0: what would pay that back if its time fell in proportion to
-  // its TPCs, 16 x 0.45 = 7.2, rounded up to 8, in one decision (100 ms
-  // after the probe); there its slow launches are no slower than alone (0.97x).
+  // its TPCs, 16 x 0.45 = 7.2, rounded up to 8, in one decision, as soon as
+  // 3 launches (28 ms) were timed; there its slow launches are no slower
+  // than alone (0.97x).
   const std::vector<unsigned> seen = l.run(1'000);
   EXPECT_EQ(u.tpcs(), 8u);
-  EXPECT_EQ(seen[50], 0u);
-  EXPECT_EQ(seen[150], 8u);
+  EXPECT_EQ(seen[0], 0u);
+  EXPECT_EQ(seen[40], 8u);
   EXPECT_NEAR(u.last_ratio(), 6'500.0 * 1.45 * 16 / 24 / 6'500, 0.01);
   // And stays there (0.97x is inside [0.9, 1.0]) until the next probe, 4 s after the first.
   const std::vector<unsigned> later = l.run(2'800);
@@ -1166,11 +1172,13 @@ TEST(TopUp, WithoutAReservationSizeItGrowsAStepADecision) {
   l.dur = contended;
   u.advance(l.now, true);
   l.run(60);
-  // 1.45x at 0, 1.32x at 2, 1.21x at 4, 1.12x at 6, 1.03x at 6... : 2 a decision (100 ms)
-  // until its slow launches are no slower than alone (8: 0.97x).
+  // 1.45x at 0, 1.32x at 2, 1.21x at 4, 1.12x at 6, 1.03x at 6... : 2 a
+  // decision, each as soon as 3 launches of the new size were timed, until
+  // its slow launches are no slower than alone (8: 0.97x).
   const std::vector<unsigned> seen = l.run(1'000);
-  EXPECT_EQ(seen[150], 2u);
-  EXPECT_EQ(seen[250], 4u);
+  EXPECT_EQ(seen[0], 0u);
+  EXPECT_EQ(seen[40], 2u);
+  EXPECT_EQ(seen[75], 4u);
   EXPECT_EQ(u.tpcs(), 8u);
 }
 
@@ -1179,8 +1187,7 @@ TEST(TopUp, ShrinksWhenTheNeighbourLeaves) {
   u.set_max(16);
   Loop l{u};
   l.dur = contended;
-  u.advance(l.now, true);
-  l.run(1'100);
+  l.settle();
   ASSERT_EQ(u.tpcs(), 8u);
   // The training ended: alone with its top-up it runs 16/24 of its time
   // alone (0.67x), below 0.9: a step back a decision, down to where it is
@@ -1274,8 +1281,7 @@ TEST(TopUp, NoneWhileBurstingOrIdleAndItsSizeIsKeptForTheNextSaturation) {
   u.set_max(16);
   Loop l{u};
   l.dur = contended;
-  u.advance(l.now, true);
-  l.run(1'100);
+  l.settle();
   ASSERT_EQ(u.tpcs(), 8u);
   const std::uint64_t g = u.generation();
   l.run(300, false);  // its burst resumed
@@ -1292,8 +1298,7 @@ TEST(TopUp, TheBoundCapsItAndForgetProbesAgain) {
   u.set_max(4);
   Loop l{u};
   l.dur = contended;
-  u.advance(l.now, true);
-  l.run(1'100);
+  l.settle();
   EXPECT_EQ(u.tpcs(), 4u);
   const std::uint64_t g = u.generation();
   u.set_max(2);  // a new neighbour took TPCs: fewer left to take

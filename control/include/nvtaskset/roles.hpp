@@ -407,8 +407,10 @@ class WorkQueue {
 // slow launches are slower than alone, shrinks it while even they are
 // clearly faster.
 struct TopUpParams {
-  std::uint64_t decide_ns = 100'000'000;  // a decision at most this often
-  unsigned min_samples = 3;               // from at least this many timed launches
+  // A decision from at least min_samples timed launches: to grow, as soon
+  // as they are timed; to shrink (or stay), over a window of decide_ns.
+  std::uint64_t decide_ns = 100'000'000;
+  unsigned min_samples = 3;
   // Of the ratios of a window's launches to their durations alone, the one
   // at this quantile decides: the slow launches, the tail (the issue's
   // target is a p99), not the average, which stays below 1 while the p99 is
