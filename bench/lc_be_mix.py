@@ -593,7 +593,7 @@ class RolesPoller:
                 if task.get("role") == "latency-critical":
                     rec["lc"] = {k: c.get(k) for k in ("state", "may_burst", "launches", "completed", "busy_periods",
                                                        "busy_ms", "saturations", "heartbeat_age_ms", "probing",
-                                                       "topup_size", "topup_ratio")}
+                                                       "topup_size", "topup_ratio", "topup_probes")}
                 elif task.get("role") == "best-effort":
                     rec["be"] = {k: c.get(k) for k in ("state", "launches_held", "held_ms", "launches_on_floor",
                                                        "queue_waits", "floor_skipped")}
@@ -622,6 +622,7 @@ class RolesPoller:
             str(x.get("topup_size")) for x in lcs if x.get("state") == "saturated" and not x.get("probing")))
         out["lc_probing_polls"] = sum(1 for x in lcs if x.get("probing"))
         out["lc_last_topup_ratio"] = next((x.get("topup_ratio") for x in reversed(lcs) if x.get("topup_ratio")), None)
+        out["lc_topup_probes"] = delta(lcs, "topup_probes")
         out["be_states"] = dict(collections.Counter(x.get("state") for x in bes))
         for k in ("launches_held", "held_ms", "launches_on_floor", "queue_waits", "floor_skipped"):
             out["be_" + k] = delta(bes, k)

@@ -370,6 +370,7 @@ void TopUp::set_max(unsigned max_tpcs, unsigned reserved) noexcept {
 void TopUp::forget() noexcept {
   alone_.clear();
   ever_probed_ = false;
+  timed_alone_ = false;
   n_ = 0;
 }
 
@@ -388,11 +389,12 @@ void TopUp::advance(std::uint64_t now, bool saturated) noexcept {
       mode_ = Mode::kRun;
       ++gen_;
       probed_at_ = now;
+      timed_alone_ = probe_n_ > 0;
       start_window(now);
     }
     return;
   }
-  if (!ever_probed_ || now - probed_at_ >= p_.probe_every_ns) {
+  if (!ever_probed_ || now - probed_at_ >= (timed_alone_ ? p_.probe_every_ns : p_.probe_retry_ns)) {
     // Durations alone on the reservation: learned anew, so that they follow
     // the clocks and the task's work; a probe that times nothing leaves none,
     // and no decision is made until the next one.

@@ -277,7 +277,8 @@ int print_status(Devices& devices, bool json) {
                       {"burst_tpcs", burst},
                       {"topup_tpcs", topup},
                       {"topup_size", bc.topup_tpcs.load(std::memory_order_relaxed)},
-                      {"topup_ratio", bc.topup_ratio_milli.load(std::memory_order_relaxed) / 1000.0}};
+                      {"topup_ratio", bc.topup_ratio_milli.load(std::memory_order_relaxed) / 1000.0},
+                      {"topup_probes", bc.topup_probes.load(std::memory_order_relaxed)}};
         if (stale)
           notes.push_back("pid " + std::to_string(pid) + "'s controller has not run for " +
                           std::to_string((now - snap.heartbeat_ns) / 1'000'000) +

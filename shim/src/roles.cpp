@@ -375,6 +375,7 @@ void* controller(void*) {
       want = g_lc.topup->tpcs();
       g_lc.timing.store(saturated ? g_lc.topup->generation() : 0, std::memory_order_release);
       b.topup_ratio_milli.store(static_cast<std::uint32_t>(g_lc.topup->last_ratio() * 1000), std::memory_order_relaxed);
+      b.topup_probes.store(static_cast<std::uint32_t>(g_lc.topup->probes()), std::memory_order_relaxed);
     }
     // A reference probe: best-effort tasks hold as for a burst; the task's
     // own kernels stay on its reservation (adjust reads `probing`).

@@ -105,7 +105,7 @@ struct Beacon {
   // 1 while a reference probe runs (BE tasks hold, the task runs on its
   // reservation alone).
   std::atomic<std::uint32_t> probing;
-  std::uint32_t pad2;
+  std::atomic<std::uint32_t> topup_probes;  // reference probes made, for --status
   BeaconDevice devices[kBeaconDevices];
 };
 
@@ -419,7 +419,9 @@ struct TopUpParams {
   // so that one outlier does not decide.
   double quantile = 0.9;
   double grow_above = 1.0;    // more TPCs while that ratio is above this
-  double shrink_below = 0.9;  // fewer while below this
+  // Fewer while below this. At 0.9 it swung between 4 and 8 TPCs on the
+  // training's phases (run 59); static 24 / 42 ran at 0.82x p50.
+  double shrink_below = 0.85;
   // TPCs a decision: at least `step`, and growing, as many as would pay the
   // ratio back if the task's time fell in proportion to its TPCs ((reserved
   // + top-up) x (ratio - 1), rounded up to a TPC pair): one or two
@@ -427,6 +429,9 @@ struct TopUpParams {
   // still at 4-6 after 3 s, its slow transient in every window's tail).
   unsigned step = 2;
   std::uint64_t probe_every_ns = 4'000'000'000;  // a reference probe this often while saturated
+  // ... or this soon after one that timed nothing (run 59: one closed-loop
+  // window of three ran with no top-up after its one probe timed nothing).
+  std::uint64_t probe_retry_ns = 500'000'000;
   // Launches made this soon after a probe began may wait behind BE work
   // queued before it (the give-back: 5-13 ms, docs/results.md): not counted.
   std::uint64_t probe_settle_ns = 15'000'000;
@@ -459,6 +464,8 @@ class TopUp {
   // Its durations alone are no longer true (its reservation changed).
   void forget() noexcept;
   std::uint64_t probes() const noexcept { return probes_; }
+  // Whether the last probe timed the task alone (else no decision is made).
+  bool timed_alone() const noexcept { return timed_alone_; }
 
  private:
   enum class Mode { kOff, kProbe, kRun };
@@ -472,6 +479,7 @@ class TopUp {
   std::uint64_t gen_ = 1;
   std::uint64_t probe_start_ = 0, probed_at_ = 0, probes_ = 0;
   unsigned probe_n_ = 0;
+  bool timed_alone_ = false;  // the last probe timed something
   bool ever_probed_ = false;
   std::uint64_t decided_at_ = 0;
   double ratios_[kWindow]{};
