@@ -219,6 +219,9 @@ std::int64_t dir_stamp() noexcept {
 // capture (seen on an H100: PyTorch's capture of the LC forward failed once
 // in about ten runs while the controller queried an event).
 std::atomic<int> g_captures{0};
+// The LC controller's own driver calls in progress (0 or 1): a capture does
+// not begin during one (begin_capture).
+std::atomic<int> g_ctl_calls{0};
 
 // ---- latency-critical: the beacon and the controller ---------------------------------
 
@@ -431,10 +434,14 @@ void* controller(void*) {
     }
     if (recorded & kNoEvent) {
       done = true;
-    } else if (g_captures.load(std::memory_order_acquire) > 0) {
-      sleep_ns(50'000);  // no driver call while a capture is under way
-      continue;
     } else {
+      // No driver call while a capture is under way or beginning (begin_capture).
+      g_ctl_calls.fetch_add(1, std::memory_order_seq_cst);
+      if (g_captures.load(std::memory_order_seq_cst) > 0) {
+        g_ctl_calls.fetch_sub(1, std::memory_order_release);
+        sleep_ns(50'000);
+        continue;
+      }
       if (!ctx_set) {
         const CtxSetFn set = g_drv.ctx_set.load(std::memory_order_acquire);
         ctx_set = set != nullptr && set(g_lc.ctx) == CUDA_SUCCESS;
@@ -444,6 +451,7 @@ void* controller(void*) {
       // best-effort tasks waiting.
       done = r != CUDA_ERROR_NOT_READY;
       if (r == CUDA_SUCCESS) time_launch(slot, launches);
+      g_ctl_calls.fetch_sub(1, std::memory_order_release);
     }
     if (!done) {
       sleep_ns(10'000);
@@ -986,17 +994,34 @@ using BeginV2Fn = CUresult (*)(CUstream, int);
 using BeginToGraphFn = CUresult (*)(CUstream, CUgraph, const void*, const void*, size_t, int);
 using EndFn = CUresult (*)(CUstream, CUgraph*);
 
-CUresult began(CUresult rc) noexcept {
-  if (rc == CUDA_SUCCESS) g_captures.fetch_add(1, std::memory_order_acq_rel);
+// A capture is counted before it begins, and begins only once the
+// controller is in none of its own driver calls (controller_call): either
+// the controller sees the count and makes no call, or the capture waits for
+// the call to end. Counted after the begin, a controller that had just
+// read no capture could query an event as the capture began, invalidating
+// it (run 60, H200: PyTorch's capture of the LC forward failed in 2 of 3
+// visits, "Offset increment outside graph capture").
+template <class Begin>
+CUresult begin_capture(Begin begin) noexcept {
+  g_captures.fetch_add(1, std::memory_order_seq_cst);
+  // The controller's calls are an event query or two (microseconds); a
+  // controller stuck in one is not waited for beyond 20 ms.
+  for (int i = 0; i < 2000 && g_ctl_calls.load(std::memory_order_seq_cst) != 0; ++i) sleep_ns(10'000);
+  const CUresult rc = begin();
+  if (rc != CUDA_SUCCESS) g_captures.fetch_sub(1, std::memory_order_acq_rel);
   return rc;
 }
 template <Fn F>
-CUresult w_begin(CUstream s) { return began(real<BeginFn>(F)(s)); }
+CUresult w_begin(CUstream s) {
+  return begin_capture([&] { return real<BeginFn>(F)(s); });
+}
 template <Fn F>
-CUresult w_begin_v2(CUstream s, int mode) { return began(real<BeginV2Fn>(F)(s, mode)); }
+CUresult w_begin_v2(CUstream s, int mode) {
+  return begin_capture([&] { return real<BeginV2Fn>(F)(s, mode); });
+}
 template <Fn F>
 CUresult w_begin_to_graph(CUstream s, CUgraph g, const void* deps, const void* edges, size_t n, int mode) {
-  return began(real<BeginToGraphFn>(F)(s, g, deps, edges, n, mode));
+  return begin_capture([&] { return real<BeginToGraphFn>(F)(s, g, deps, edges, n, mode); });
 }
 template <Fn F>
 CUresult w_end(CUstream s, CUgraph* g) {
@@ -1233,6 +1258,7 @@ void atfork_child() noexcept {
   if (g_be.work != nullptr) g_be.work->clear();  // the parent's launches and events
   g_floor_users.store(0, std::memory_order_relaxed);
   g_captures.store(0, std::memory_order_relaxed);
+  g_ctl_calls.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace nvtaskset::roles_shim

@@ -31,6 +31,9 @@
 //   --spawn-via HOW      how --spawn starts CMD: fork (default), vfork,
 //                        posix_spawn, or system (through /bin/sh, which runs
 //                        no fork handler, as system() and popen() do)
+//   --captures N         right after the first launch, N stream captures in
+//                        CUDA's global mode (1 ms each, of nothing); prints
+//                        "captures N invalidated K"
 //   --print-regions      after the loop, print "region-fd <link>" for each
 //                        descriptor and "region-map <line>" for each mapping
 //                        of a control region (memfd:nvtaskset.*) this
@@ -39,6 +42,7 @@
 // error), 4 (a child failed), 5 (--until-file or --idle-until never appeared).
 #pragma once
 
+#include <dlfcn.h>
 #include <spawn.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -87,6 +91,7 @@ struct Options {
   std::vector<std::string> spawn;
   std::string spawn_via = "fork";
   bool print_regions = false;
+  long captures = 0;
 };
 
 inline bool exists(const std::string& path) {
@@ -125,6 +130,7 @@ inline Options parse(int argc, char** argv) {
     else if (a == "--print-sms") o.print_sms = true;
     else if (a == "--spawn-via") { const char* v = value(); if (!v) usage("--spawn-via needs a method"); o.spawn_via = v; }
     else if (a == "--print-regions") o.print_regions = true;
+    else if (a == "--captures") o.captures = number("--captures", value());
     else if (a == "--spawn") {
       for (++i; i < argc; ++i) o.spawn.push_back(argv[i]);
       if (o.spawn.empty()) usage("--spawn needs a command");
@@ -309,6 +315,34 @@ inline int spawn_and_wait(const std::vector<std::string>& cmd, const std::string
   return wait_child(c);
 }
 
+// --captures N: N stream captures in CUDA's global mode, one after another,
+// each held open 1 ms (on a stream of its own, capturing nothing), right
+// after the first launch; prints "captures N invalidated K". The capture
+// functions are looked up where the program's libcuda.so.1 is (the shim
+// under nvtaskset).
+inline void capture_loop(long n) {
+  using BeginFn = CUresult (*)(CUstream, int);
+  using EndFn = CUresult (*)(CUstream, CUgraph*);
+  using CreateFn = CUresult (*)(CUstream*, unsigned);
+  const auto begin = reinterpret_cast<BeginFn>(::dlsym(RTLD_DEFAULT, "cuStreamBeginCapture_v2"));
+  const auto end = reinterpret_cast<EndFn>(::dlsym(RTLD_DEFAULT, "cuStreamEndCapture"));
+  const auto create = reinterpret_cast<CreateFn>(::dlsym(RTLD_DEFAULT, "cuStreamCreate"));
+  if (!begin || !end || !create) usage("--captures: the driver has no stream capture");
+  CUstream s = nullptr;
+  check(create(&s, 0), "cuStreamCreate");
+  long invalidated = 0;
+  for (long i = 0; i < n; ++i) {
+    check(begin(s, 0), "cuStreamBeginCapture_v2");
+    sleep_ms(1);
+    CUgraph g = nullptr;
+    const CUresult r = end(s, &g);
+    if (r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) ++invalidated;
+    else check(r, "cuStreamEndCapture");
+  }
+  std::printf("captures %ld invalidated %ld\n", n, invalidated);
+  std::fflush(stdout);
+}
+
 inline int main(int argc, char** argv, const Driver& d) {
   const Options o = parse(argc, argv);
   g_device = o.device;
@@ -325,6 +359,7 @@ inline int main(int argc, char** argv, const Driver& d) {
   if (o.print_sms) print_sms(d, "sms");
   pid_t forked = -1;
   run_loop(d, o, [&] {
+    if (o.captures > 0) capture_loop(o.captures);
     if (!o.ready_file.empty()) write_ready(o.ready_file);
     if (!o.fork_child) return;
     std::fflush(nullptr);

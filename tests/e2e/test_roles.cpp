@@ -348,6 +348,26 @@ TEST_F(Roles, SaturatedLatencyCriticalTaskKeepsClusteredBestEffortKernelsOnTheFl
   stop("lc", *lcp);
 }
 
+// A stream capture in CUDA's global mode (PyTorch's) is invalidated by an
+// event call of another thread while it is under way (the stand-in does
+// so, as the GPU did: docs/runs.md, run 60). The LC task's controller
+// thread polls its kernel's event while the task is busy, so it must make
+// no driver call from just before a capture begins until it ends: 200
+// captures of 1 ms while a held kernel keeps the task busy, none broken.
+TEST_F(Roles, LatencyCriticalControllerNeverBreaksAStreamCapture) {
+  touch(hold_);
+  Proc& p = start({kCli, "--no-mps", "-t", "0-1", "--latency-critical", kLauncher, "--kernels", "1", "--captures",
+                   "200", "--ready-file", path("ready.lc")},
+                  env_);
+  const long lc = wait_ready(path("ready.lc"), p);  // written after the captures
+  ASSERT_GT(lc, 0) << p.err();
+  EXPECT_NE(state(task(lc)), "idle") << "busy: its controller polls its event";
+  fs::remove(hold_);
+  const Result r = p.wait();
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_NE(r.out.find("captures 200 invalidated 0"), std::string::npos) << r;
+}
+
 // The top-up (roles.hpp, TopUp): a saturated LC task takes TPCs beyond its
 // reservation from the BE tasks' floors, as many as its controller measured
 // it needs; NVTASKSET_TEST_TOPUP fixes the number, so that this test checks

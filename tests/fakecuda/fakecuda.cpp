@@ -107,6 +107,7 @@
 // partition is what the hardware obeys"; docs/hardware.md). Any other module
 // fails to load, so calibration on the stand-in still fails cleanly. Device
 // memory is host memory.
+#include <sys/syscall.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -1369,10 +1370,47 @@ CUresult CUDAAPI cuStreamQuery(CUstream s) {
   if (!released(g_held_launches.load())) return CUDA_ERROR_NOT_READY;  // held work, on any stream
   return stream_of(s)->stuck.load() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
-CUresult CUDAAPI cuStreamIsCapturing(CUstream, CUstreamCaptureStatus* status) {
+// Stream capture, in CUDA's global mode (PyTorch's): one capture at a time,
+// of nothing (no kernel may be launched into it here). While it is under way,
+// a driver call of another thread that CUDA counts unsafe (here: an event
+// record, query, synchronise or elapsed time) invalidates
+// it, and its end answers CUDA_ERROR_STREAM_CAPTURE_INVALIDATED. Measured:
+// PyTorch's capture of the LC forward failed ("Offset increment outside
+// graph capture") while the latency-critical controller thread queried
+// events, once in about ten runs on an H100 and in 2 of 3 visits on an
+// H200 (docs/runs.md, run 60).
+static std::atomic<long> g_capture_thread{0};  // the capturing thread's id, 0: none
+static std::atomic<CUstream> g_capture_stream{nullptr};
+static std::atomic<bool> g_capture_broken{false};
+static long thread_id() { return static_cast<long>(::syscall(SYS_gettid)); }
+static void unsafe_call() {
+  const long t = g_capture_thread.load();
+  if (t != 0 && t != thread_id()) g_capture_broken = true;
+}
+__attribute__((visibility("default"))) CUresult CUDAAPI cuStreamBeginCapture_v2(CUstream s, int) {
+  if (CUresult r = check_init()) return r;
+  long none = 0;
+  if (!g_capture_thread.compare_exchange_strong(none, thread_id())) return CUDA_ERROR_ILLEGAL_STATE;
+  g_capture_broken = false;
+  g_capture_stream = s;
+  return CUDA_SUCCESS;
+}
+__attribute__((visibility("default"))) CUresult CUDAAPI cuStreamBeginCapture(CUstream s) {
+  return cuStreamBeginCapture_v2(s, 0);
+}
+__attribute__((visibility("default"))) CUresult CUDAAPI cuStreamEndCapture(CUstream s, CUgraph* g) {
+  if (CUresult r = check_init()) return r;
+  if (g_capture_thread.load() == 0 || g_capture_stream.load() != s) return CUDA_ERROR_ILLEGAL_STATE;
+  const bool broken = g_capture_broken.load();
+  g_capture_thread = 0;
+  if (g) *g = nullptr;
+  return broken ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
+}
+CUresult CUDAAPI cuStreamIsCapturing(CUstream s, CUstreamCaptureStatus* status) {
   if (!status) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = check_init()) return r;
-  *status = CU_STREAM_CAPTURE_STATUS_NONE;  // the stand-in has no stream capture
+  *status = g_capture_thread.load() != 0 && g_capture_stream.load() == s ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                                                                          : CU_STREAM_CAPTURE_STATUS_NONE;
   return CUDA_SUCCESS;
 }
 
@@ -1404,6 +1442,7 @@ CUresult CUDAAPI cuEventDestroy(CUevent e) { return cuEventDestroy_v2(e); }
 // a kernel that never runs, forever.
 CUresult CUDAAPI cuEventRecord(CUevent e, CUstream s) {
   if (CUresult r = check_init()) return r;
+  unsafe_call();
   std::uint64_t held = g_held_launches.load();
   if (released(held)) held = 0;  // nothing held now: complete at once
   const bool stuck = stream_of(s)->stuck.load();
@@ -1418,6 +1457,7 @@ CUresult CUDAAPI cuEventRecord(CUevent e, CUstream s) {
 }
 CUresult CUDAAPI cuEventQuery(CUevent e) {
   if (CUresult r = check_init()) return r;
+  unsafe_call();
   FakeEvent state;
   if (!event_state(e, state)) return CUDA_ERROR_INVALID_HANDLE;
   return state.stuck || !released(state.held) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
@@ -1427,6 +1467,7 @@ CUresult CUDAAPI cuEventQuery(CUevent e) {
 __attribute__((visibility("default"))) CUresult CUDAAPI cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
   if (!ms) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = check_init()) return r;
+  unsafe_call();
   FakeEvent a, b;
   if (!event_state(start, a) || !event_state(end, b)) return CUDA_ERROR_INVALID_HANDLE;
   if (!a.timing || !b.timing || !a.recorded || !b.recorded) return CUDA_ERROR_INVALID_HANDLE;
@@ -1437,6 +1478,7 @@ __attribute__((visibility("default"))) CUresult CUDAAPI cuEventElapsedTime(float
 
 CUresult CUDAAPI cuEventSynchronize(CUevent e) {
   if (CUresult r = check_init()) return r;
+  unsafe_call();
   FakeEvent state;
   if (!event_state(e, state)) return CUDA_ERROR_INVALID_HANDLE;
   wait_released(state.held);

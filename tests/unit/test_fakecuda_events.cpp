@@ -352,3 +352,49 @@ TEST(FakeCudaEvents, EventsBehindAKernelThatNeverRunsStayIncomplete) {
   });
   EXPECT_EQ(rc, 0);
 }
+
+// Stream capture in CUDA's global mode (fakecuda.cpp): the capturing
+// thread's own event calls leave it whole; another thread's event call
+// breaks it, and its end says so (as PyTorch's capture broke on the GPU
+// while the latency-critical controller thread queried events, run 60).
+TEST(FakeCudaEvents, AStreamCaptureIsBrokenByAnotherThreadsEventCall) {
+  ASSERT_TRUE(fs::is_regular_file(kFakeDriver)) << kFakeDriver << " is missing: build the fakecuda target first";
+  const int rc = in_child({}, [&] {
+    ::unsetenv("FAKECUDA_HOLD");
+    Driver d;
+    using BeginFn = CUresult (*)(CUstream, int);
+    using EndFn = CUresult (*)(CUstream, CUgraph*);
+    const auto begin = d.get<BeginFn>("cuStreamBeginCapture_v2");
+    const auto end = d.get<EndFn>("cuStreamEndCapture");
+    CHILD_CHECK(d.cuInit(0) == CUDA_SUCCESS);
+    CUstream s = nullptr, other = nullptr;
+    CHILD_CHECK(d.cuStreamCreate(&s, 0) == CUDA_SUCCESS);
+    CHILD_CHECK(d.cuStreamCreate(&other, 0) == CUDA_SUCCESS);
+    CUevent e = nullptr;
+    CHILD_CHECK(d.cuEventCreate(&e, 0) == CUDA_SUCCESS);
+    CUgraph g = nullptr;
+    CUstreamCaptureStatus st = CU_STREAM_CAPTURE_STATUS_NONE;
+    // Whole: only the capturing thread calls.
+    CHILD_CHECK(begin(s, 0) == CUDA_SUCCESS);
+    CHILD_CHECK(d.cuStreamIsCapturing(s, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    CHILD_CHECK(d.cuStreamIsCapturing(other, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE);
+    CHILD_CHECK(d.cuEventRecord(e, other) == CUDA_SUCCESS);
+    CHILD_CHECK(d.cuEventQuery(e) == CUDA_SUCCESS);
+    CHILD_CHECK(begin(other, 0) == CUDA_ERROR_ILLEGAL_STATE);  // one at a time
+    CHILD_CHECK(end(other, &g) == CUDA_ERROR_ILLEGAL_STATE);   // not the capturing stream
+    CHILD_CHECK(end(s, &g) == CUDA_SUCCESS);
+    CHILD_CHECK(d.cuStreamIsCapturing(s, &st) == CUDA_SUCCESS && st == CU_STREAM_CAPTURE_STATUS_NONE);
+    CHILD_CHECK(end(s, &g) == CUDA_ERROR_ILLEGAL_STATE);  // none under way
+    // Broken: another thread queries an event meanwhile.
+    CHILD_CHECK(begin(s, 0) == CUDA_SUCCESS);
+    std::thread([&] { (void)d.cuEventQuery(e); }).join();
+    CHILD_CHECK(end(s, &g) == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    // The next one starts whole; another thread's calls after it ended break nothing.
+    CHILD_CHECK(begin(s, 0) == CUDA_SUCCESS);
+    CHILD_CHECK(end(s, &g) == CUDA_SUCCESS);
+    std::thread([&] { (void)d.cuEventQuery(e); }).join();
+    CHILD_CHECK(begin(s, 0) == CUDA_SUCCESS);
+    CHILD_CHECK(end(s, &g) == CUDA_SUCCESS);
+  });
+  EXPECT_EQ(rc, 0);
+}
