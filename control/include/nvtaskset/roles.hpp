@@ -419,9 +419,11 @@ struct TopUpParams {
   // so that one outlier does not decide.
   double quantile = 0.9;
   double grow_above = 1.0;    // more TPCs while that ratio is above this
-  // Fewer while below this. At 0.9 it swung between 4 and 8 TPCs on the
-  // training's phases (run 59); static 24 / 42 ran at 0.82x p50.
-  double shrink_below = 0.85;
+  // Fewer while below this. The 0.9 quantile of a window swings with the
+  // training's phases: at 0.9 the top-up swung between 4 and 8 TPCs (run
+  // 59), at 0.85 between 6 and 10, shrinking at 0.81-0.84 and growing back
+  // at 1.13-1.26 a few hundred ms later (run 61).
+  double shrink_below = 0.75;
   // TPCs a decision: at least `step`, and growing, as many as would pay the
   // ratio back if the task's time fell in proportion to its TPCs ((reserved
   // + top-up) x (ratio - 1), rounded up to a TPC pair): one or two
