@@ -1136,6 +1136,18 @@ std::uint64_t contended(bool probing, unsigned tpcs) {
   return static_cast<std::uint64_t>(6'500.0 * 1.45 * 16.0 / (16.0 + tpcs)) * kUs;
 }
 
+// A closed loop next to the training whose top-up has settled (8 TPCs when
+// it may take as many).
+struct Settled {
+  TopUp u;
+  Loop l{u};
+  explicit Settled(unsigned max) {
+    u.set_max(max);
+    l.dur = contended;
+    l.settle();
+  }
+};
+
 TEST(TopUp, ProbesFirstThenGrowsUntilItRunsAsFastAsAlone) {
   TopUp u;
   u.set_max(16, 16);
@@ -1183,11 +1195,9 @@ TEST(TopUp, WithoutAReservationSizeItGrowsAStepADecision) {
 }
 
 TEST(TopUp, ShrinksWhenTheNeighbourLeaves) {
-  TopUp u;
-  u.set_max(16);
-  Loop l{u};
-  l.dur = contended;
-  l.settle();
+  Settled st(16);
+  TopUp& u = st.u;
+  Loop& l = st.l;
   ASSERT_EQ(u.tpcs(), 8u);
   // The training ended: alone with its top-up it runs 16/24 of its time
   // alone (0.67x), below 0.75: 2 back a window (100 ms), down to where it is
@@ -1288,11 +1298,9 @@ TEST(TopUp, AProbeThatTimesNothingDecidesNothingAndIsRetriedAfterHalfASecond) {
 }
 
 TEST(TopUp, NoneWhileBurstingOrIdleAndItsSizeIsKeptForTheNextSaturation) {
-  TopUp u;
-  u.set_max(16);
-  Loop l{u};
-  l.dur = contended;
-  l.settle();
+  Settled st(16);
+  TopUp& u = st.u;
+  Loop& l = st.l;
   ASSERT_EQ(u.tpcs(), 8u);
   const std::uint64_t g = u.generation();
   l.run(300, false);  // its burst resumed
@@ -1305,11 +1313,9 @@ TEST(TopUp, NoneWhileBurstingOrIdleAndItsSizeIsKeptForTheNextSaturation) {
 }
 
 TEST(TopUp, TheBoundCapsItAndForgetProbesAgain) {
-  TopUp u;
-  u.set_max(4);
-  Loop l{u};
-  l.dur = contended;
-  l.settle();
+  Settled st(4);
+  TopUp& u = st.u;
+  Loop& l = st.l;
   EXPECT_EQ(u.tpcs(), 4u);
   const std::uint64_t g = u.generation();
   u.set_max(2);  // a new neighbour took TPCs: fewer left to take
