@@ -96,17 +96,6 @@ void set_device(Beacon& b, unsigned slot, const DeviceUuid& uuid, const Bits128&
   d.seq.store((s | 1) + 1, std::memory_order_release);
 }
 
-void set_topup(Beacon& b, unsigned slot, const Bits128& topup) {
-  if (slot >= kBeaconDevices) return;
-  BeaconDevice& d = b.devices[slot];
-  const std::uint64_t s = d.seq.load(std::memory_order_relaxed);
-  d.seq.store(s | 1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_release);
-  d.topup[0].store(topup.lo, std::memory_order_relaxed);
-  d.topup[1].store(topup.hi, std::memory_order_relaxed);
-  d.seq.store((s | 1) + 1, std::memory_order_release);
-}
-
 namespace {
 
 // One consistent copy of a device slot, or false (in use or not) within a

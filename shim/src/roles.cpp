@@ -278,19 +278,23 @@ const ClusterMap* map_of(const SlotPartition& sp) noexcept {
 // partition holds, unless that task is best-effort; and the top-up, `topup`
 // TPCs of that set beyond the reservation (roles::choose_topup). Written to
 // the callback's masks and the beacon; a change makes CUDA graphs
-// re-encode, and BE tasks work out their floors again. Returns the most
-// TPCs a top-up may take: the reservation's size, and half of what the
-// burst set has beyond it (the BE tasks keep the rest), on every GPU.
-unsigned refresh_burst(roles::Beacon& b, unsigned topup) {
+// re-encode, and BE tasks work out their floors again. Returns the
+// reservation's size and the most TPCs a top-up may take: the reservation's
+// size, and half of what the burst set has beyond it (the BE tasks keep the
+// rest), the least over the task's GPUs.
+struct TopupLimits {
+  unsigned most = 0, reserved = 0;
+};
+TopupLimits refresh_burst(roles::Beacon& b, unsigned topup) {
   std::vector<ctl::StatusEntry> status;
   try {
     status = ctl::read_status();
   } catch (const std::exception&) {
-    return 0;
+    return {};
   }
   const pid_t self = ::getpid();
   bool changed = false, topup_changed = false;
-  unsigned used = 0, most = ~0u;
+  unsigned used = 0, most = ~0u, reserved = ~0u;
   for (const SlotPartition& sp : region_slots()) {
     Bits128 base;
     if (g_lc.pool != nullptr)
@@ -305,6 +309,7 @@ unsigned refresh_burst(roles::Beacon& b, unsigned topup) {
     }
     const Bits128 burst = base & ~taken;
     const Bits128 free = burst & ~sp.enabled;
+    reserved = std::min(reserved, sp.enabled.count());
     most = std::min({most, sp.enabled.count(), free.count() / 2});
     const Bits128 x = roles::choose_topup(free, sp.enabled, map_of(sp), std::min(topup, free.count() / 2));
     SlotView old;
@@ -318,14 +323,8 @@ unsigned refresh_burst(roles::Beacon& b, unsigned topup) {
   if (topup_changed) b.topup_gen.fetch_add(1, std::memory_order_acq_rel);
   if (changed || topup_changed)
     if (ctl::Header* h = header()) h->epoch.fetch_add(1, std::memory_order_acq_rel);
-  return most == ~0u ? 0 : most;
-}
-
-// The reservation's size: the least over the task's GPUs, in TPCs.
-unsigned reserved_tpcs() {
-  unsigned n = ~0u;
-  for (const SlotPartition& sp : region_slots()) n = std::min(n, sp.enabled.count());
-  return n == ~0u ? 0 : n;
+  if (used == 0) return {};
+  return {most, reserved};
 }
 
 // The budgets, unless a test stretches them (NVTASKSET_TEST_BURST_MS).
@@ -408,10 +407,10 @@ void* controller(void*) {
       if (s != stamp || now >= next_refresh || want != applied) {
         stamp = s;
         next_refresh = now + 200'000'000;
-        const unsigned most = refresh_burst(b, want);
+        const TopupLimits lim = refresh_burst(b, want);
         applied = want;
-        if (g_lc.topup != nullptr) g_lc.topup->set_max(most, reserved_tpcs());
-        b.topup_tpcs.store(std::min(want, most), std::memory_order_relaxed);
+        if (g_lc.topup != nullptr) g_lc.topup->set_max(lim.most, lim.reserved);
+        b.topup_tpcs.store(std::min(want, lim.most), std::memory_order_relaxed);
       }
     }
     if (!busy) {

@@ -136,8 +136,6 @@ class BeaconFile {
 // Writes one device's reservation, burst set and top-up (seqlocked).
 void set_device(Beacon& b, unsigned slot, const DeviceUuid& uuid, const Bits128& reserved, const Bits128& burst,
                 const Bits128& topup = {});
-// Writes only the top-up of the device in `slot` (seqlocked).
-void set_topup(Beacon& b, unsigned slot, const Bits128& topup);
 
 struct DeviceView {
   DeviceUuid uuid{};
