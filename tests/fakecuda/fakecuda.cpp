@@ -91,8 +91,7 @@
 // launched before it); cuEventElapsedTime gives the difference, in ms, once
 // both are complete, and CUDA_ERROR_INVALID_HANDLE for an event created with
 // CU_EVENT_DISABLE_TIMING or never recorded, as the real driver does.
-// cuStreamIsCapturing always answers CU_STREAM_CAPTURE_STATUS_NONE: the
-// stand-in has no stream capture.
+// Stream capture: see "Stream capture" below (CUDA's global mode).
 //
 // Kernels: the stand-in runs exactly one, `nvtaskset --verify`'s block-SM
 // probe (topology/kernels/block_smid.cu), recognised by its entry name in the
