@@ -281,9 +281,11 @@ const ClusterMap* map_of(const SlotPartition& sp) noexcept {
 // re-encode, and BE tasks work out their floors again. Returns the
 // reservation's size and the most TPCs a top-up may take: the reservation's
 // size, and half of what the burst set has beyond it (the BE tasks keep the
-// rest), the least over the task's GPUs.
+// rest), the least over the task's GPUs; and the reservation's identity (a
+// hash of every slot's TPCs), which a `-p` changes.
 struct TopupLimits {
   unsigned most = 0, reserved = 0;
+  std::uint64_t reservation = 0;
 };
 TopupLimits refresh_burst(roles::Beacon& b, unsigned topup) {
   std::vector<ctl::StatusEntry> status;
@@ -295,7 +297,14 @@ TopupLimits refresh_burst(roles::Beacon& b, unsigned topup) {
   const pid_t self = ::getpid();
   bool changed = false, topup_changed = false;
   unsigned used = 0, most = ~0u, reserved = ~0u;
+  std::uint64_t identity = 0xcbf29ce484222325ull;  // FNV-1a over each slot's reservation
+  const auto mix = [&identity](std::uint64_t w) {
+    for (unsigned i = 0; i < 8; ++i) identity = (identity ^ ((w >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+  };
   for (const SlotPartition& sp : region_slots()) {
+    mix(sp.slot);
+    mix(sp.enabled.lo);
+    mix(sp.enabled.hi);
     Bits128 base;
     if (g_lc.pool != nullptr)
       for (const DevicePartition& dp : *g_lc.pool)
@@ -324,7 +333,7 @@ TopupLimits refresh_burst(roles::Beacon& b, unsigned topup) {
   if (changed || topup_changed)
     if (ctl::Header* h = header()) h->epoch.fetch_add(1, std::memory_order_acq_rel);
   if (used == 0) return {};
-  return {most, reserved};
+  return {most, reserved, identity | 1};
 }
 
 // The budgets, unless a test stretches them (NVTASKSET_TEST_BURST_MS).
@@ -333,6 +342,7 @@ roles::BudgetParams budget_params(roles::BudgetParams p) noexcept {
   if (t.value == 0) return p;
   p.max_burst_ns = t.value * 1'000'000ull;
   p.stop_share = 2.0;  // never by share
+  p.fast_tau_ns = 0;
   return p;
 }
 
@@ -409,7 +419,7 @@ void* controller(void*) {
         next_refresh = now + 200'000'000;
         const TopupLimits lim = refresh_burst(b, want);
         applied = want;
-        if (g_lc.topup != nullptr) g_lc.topup->set_max(lim.most, lim.reserved);
+        if (g_lc.topup != nullptr) g_lc.topup->set_max(lim.most, lim.reserved, lim.reservation);
         b.topup_tpcs.store(std::min(want, lim.most), std::memory_order_relaxed);
       }
     }

@@ -327,8 +327,8 @@ TEST(BurstBudget, AClosedLoopsProbesBackOff) {
     ++busy_ms;
     if (b.may_burst()) ++allowed_busy_ms;
   }
-  // Stops at about 0.75 s (the share), then 1.29, 2.29, 4.29, 8.29 and
-  // 8.29 s apart: 6 in 30 s.
+  // Stops at about 0.39 s (the fast share), then 1.29, 2.29, 4.29, 8.29
+  // and 8.29 s apart: 6 in 30 s.
   ASSERT_EQ(stops.size(), 6u);
   ASSERT_GE(resumes.size(), stops.size() - 1);
   ASSERT_LE(resumes.size(), stops.size());
@@ -358,6 +358,56 @@ TEST(BurstBudget, AClosedLoopsProbesBackOff) {
   // of a 30-s trace, under 6% of its busy time.
   EXPECT_LE(allowed_busy_ms * kMs, resumes.size() * probe_max);
   EXPECT_LT(static_cast<double>(allowed_busy_ms) / static_cast<double>(busy_ms), 0.06);
+}
+
+TEST(BurstBudget, AClosedLoopIsStoppedByTheFastShareAndAnOpenLoopIsNot) {
+  // A closed loop from idle, busy but for a 1-ms gap every 20 ms: no busy
+  // period reaches 250 ms, and the 1-s share would pass 0.5 only after
+  // about 0.73 s; the fast share (100 ms) passes 0.93 after
+  // 0.1 s * ln(0.95 / (0.95 - 0.93)) = 0.39 s.
+  const BudgetParams p;
+  BurstBudget b;
+  b.advance(kT0, false);
+  std::uint64_t stopped = 0;
+  for (const Sample& s : duty_cycle(kT0, 19, 1, 100)) {
+    b.advance(s.t, s.busy);
+    if (!b.may_burst()) {
+      stopped = s.t;
+      break;
+    }
+  }
+  ASSERT_NE(stopped, 0u);
+  EXPECT_GE(stopped - kT0, 350 * kMs);
+  EXPECT_LE(stopped - kT0, 420 * kMs);
+  EXPECT_LT(b.share(), p.stop_share) << "the slow share had not stopped it yet";
+  EXPECT_GT(b.fast_share(), p.fast_stop_share);
+  // Without the fast share, the slow one stops it, 0.3 s later.
+  BudgetParams slow = p;
+  slow.fast_tau_ns = 0;
+  BurstBudget c(slow);
+  c.advance(kT0, false);
+  std::uint64_t slow_stop = 0;
+  for (const Sample& s : duty_cycle(kT0, 19, 1, 100)) {
+    c.advance(s.t, s.busy);
+    if (!c.may_burst()) {
+      slow_stop = s.t;
+      break;
+    }
+  }
+  EXPECT_GE(slow_stop - kT0, 700 * kMs);
+  // An open loop of GPT-2's bursts at 87 requests/s (2.3 ms a request, 20%
+  // busy), with 50-ms stretches of back-to-back requests twice a second:
+  // the fast share peaks near 0.5, never 0.93.
+  BurstBudget o;
+  o.advance(kT0, false);
+  double peak = 0;
+  for (const Sample& s : duty_cycle(kT0, 50, 450, 20)) {
+    o.advance(s.t, s.busy);
+    ASSERT_TRUE(o.may_burst()) << (s.t - kT0) / kMs << " ms";
+    peak = std::fmax(peak, o.fast_share());
+  }
+  EXPECT_LT(peak, 0.5);
+  EXPECT_EQ(o.saturations(), 0u);
 }
 
 TEST(BurstBudget, AResumeByTheShareOrALongProbeResetsTheBackOff) {
@@ -1200,14 +1250,35 @@ TEST(TopUp, ShrinksWhenTheNeighbourLeaves) {
   Loop& l = st.l;
   ASSERT_EQ(u.tpcs(), 8u);
   // The training ended: alone with its top-up it runs 16/24 of its time
-  // alone (0.67x), below 0.75: 2 back a window (100 ms), down to where it is
-  // within [0.75, 1.0] (6 TPCs: 0.73x, still below; 4: 0.8x).
+  // alone (0.67x), below 0.75: 2 back after five windows (500 ms) below,
+  // down to where it is within [0.75, 1.0] (6 TPCs: 0.73x, still below; 4:
+  // 0.8x).
   l.dur = [](bool, unsigned tpcs) { return static_cast<std::uint64_t>(6'500.0 * 16.0 / (16.0 + tpcs)) * kUs; };
-  const std::vector<unsigned> seen = l.run(600);
-  EXPECT_EQ(seen[50], 8u);
+  const std::vector<unsigned> seen = l.run(1'300);
+  EXPECT_EQ(seen[500], 8u) << "four windows below are not enough";
+  EXPECT_EQ(seen[700], 6u);
   EXPECT_EQ(u.tpcs(), 4u);
   l.run(1'000);
   EXPECT_EQ(u.tpcs(), 4u) << "0.8x: inside the band";
+}
+
+TEST(TopUp, ATrainingStepsLightPhasesDoNotShrinkIt) {
+  Settled st(16);
+  TopUp& u = st.u;
+  Loop& l = st.l;
+  ASSERT_EQ(u.tpcs(), 8u);
+  // Phases of a training step, each about a window long: three light
+  // (0.65x at 8) and one as heavy as before. Each light run of windows is
+  // shorter than shrink_after, so the top-up stays sized for the heavy
+  // phase instead of shrinking and growing back after two slow launches.
+  std::uint64_t phase_start = l.now;
+  l.dur = [&](bool probing, unsigned tpcs) {
+    if (probing) return 6'500 * kUs;
+    const bool heavy = (l.now - phase_start) / (100 * kMs) % 4 == 3;
+    const double f = heavy ? 1.45 : 0.65 * 24.0 / 16.0;
+    return static_cast<std::uint64_t>(6'500.0 * f * 16.0 / (16.0 + tpcs)) * kUs;
+  };
+  for (unsigned t : l.run(2'500)) ASSERT_EQ(t, 8u);
 }
 
 TEST(TopUp, TheSlowLaunchesDecideNotOneOutlier) {
@@ -1324,6 +1395,32 @@ TEST(TopUp, TheBoundCapsItAndForgetProbesAgain) {
   u.forget();  // its reservation changed
   u.advance(l.now + kMs, true);
   EXPECT_TRUE(u.probing());
+}
+
+TEST(TopUp, ANewReservationIsProbedAtOnce) {
+  // The controller passes the reservation's identity with every refresh:
+  // the same one changes nothing, another (a `-p`) makes its durations
+  // alone, measured on the old TPCs, void, and the next pass probes.
+  TopUp u;
+  u.set_max(16, 16, 0x1111);
+  Loop l{u};
+  l.dur = contended;
+  l.settle();
+  ASSERT_EQ(u.tpcs(), 8u);
+  ASSERT_EQ(u.probes(), 1u);
+  u.set_max(16, 16, 0x1111);
+  l.run(100);
+  EXPECT_EQ(u.probes(), 1u);
+  EXPECT_FALSE(u.probing());
+  u.set_max(12, 12, 0x2222);  // 12 TPCs now
+  u.advance(l.now + kMs, true);
+  EXPECT_TRUE(u.probing());
+  EXPECT_EQ(u.probes(), 2u);
+  // An identity of 0 (not known) is no change.
+  l.run(200);
+  u.set_max(12, 12, 0);
+  u.advance(l.now + kMs, true);
+  EXPECT_EQ(u.probes(), 2u);
 }
 
 TEST(ChooseTopup, WithoutAMapInMaskBitOrder) {

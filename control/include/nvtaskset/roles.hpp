@@ -195,6 +195,18 @@ bool peer_alive(const Peer& p);
 // 2 tau of its start) doubles the next time-out, up to max_resume_after_ns,
 // so a closed loop pays one such probe per 8 s once settled; any other
 // resume or stop starts again from resume_after_ns. 0: no time-out.
+//
+// A second, fast share (time constant fast_tau_ns) stops a task that is
+// busy but for short gaps, as a closed loop is between its requests: from
+// idle the 1-s share passes 0.5 only after 0.7 s, and the mix's closed loop
+// burst for its first 0.7 s of every window while the training held (run 61,
+// docs/results.md, "A top-up that pays for the memory system"): 17% of a
+// 4-s window. Over 100 ms at 0.93 a closed loop 95-98% busy is stopped
+// after 0.32-0.39 s; one busy period without a gap passes 0.93 only after
+// 266 ms, later than max_burst_ns stops it, and an open-loop load passes it
+// only when it keeps the GPU busy for a third of a second (GPT-2 at 87
+// requests/s is 20% busy while bursting). A resume lowers it to the resume
+// share, as the slow one. 0: no fast share.
 struct BudgetParams {
   std::uint64_t tau_ns = 1'000'000'000;
   double stop_share = 0.5;
@@ -202,6 +214,8 @@ struct BudgetParams {
   std::uint64_t max_burst_ns = 250'000'000;
   std::uint64_t resume_after_ns = 1'000'000'000;
   std::uint64_t max_resume_after_ns = 8'000'000'000;
+  std::uint64_t fast_tau_ns = 100'000'000;
+  double fast_stop_share = 0.93;
 };
 
 class BurstBudget {
@@ -211,6 +225,7 @@ class BurstBudget {
   void advance(std::uint64_t now, bool busy) noexcept;
   bool may_burst() const noexcept { return allowed_; }
   double share() const noexcept { return share_; }
+  double fast_share() const noexcept { return fast_share_; }
   std::uint64_t saturations() const noexcept { return saturations_; }
   // The time-out before the next probe.
   std::uint64_t resume_timeout() const noexcept { return timeout_ns_ != 0 ? timeout_ns_ : p_.resume_after_ns; }
@@ -223,6 +238,7 @@ class BurstBudget {
   std::uint64_t probed_at_ = 0;   // when the time-out last let it burst (0: not since)
   std::uint64_t timeout_ns_ = 0;  // the current time-out (0: resume_after_ns)
   double share_ = 0;
+  double fast_share_ = 0;
   bool allowed_ = true;
   bool started_ = false;
   std::uint64_t saturations_ = 0;
@@ -260,7 +276,7 @@ BeAction be_action(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noe
 // to burst for ever, by fault or by design, cannot stop it.
 // No resume time-out: this bound is the BE task's own, not a guess about
 // how fast the LC task would run.
-inline constexpr BudgetParams kHoldBudget{200'000'000, 0.5, 0.35, 100'000'000, 0, 0};
+inline constexpr BudgetParams kHoldBudget{200'000'000, 0.5, 0.35, 100'000'000, 0, 0, 0, 0};
 
 // The floor of a BE partition: what is left of it without the LC
 // reservations on its GPU. Empty when nothing is.
@@ -422,6 +438,14 @@ struct TopUpParams {
   // 59), at 0.85 between 6 and 10, shrinking at 0.81-0.84 and growing back
   // at 1.13-1.26 a few hundred ms later (run 61).
   double shrink_below = 0.75;
+  // ... in this many full windows in a row. A training step (about 110 ms
+  // for GPT-2-medium on an H200) is as long as a window, and its phases
+  // draw on DRAM and L2 unlike: one window at 0.7 and the next at 1.26
+  // (run 61's traces), so a top-up that shrank after one window grew back
+  // a few hundred ms later, and each time it grew two of the task's
+  // launches had been slow first. Over half a second (about four steps)
+  // the top-up is sized for the heaviest phase, as a static split is.
+  unsigned shrink_after = 5;
   // TPCs a decision: at least `step`, and growing, as many as would pay the
   // ratio back if the task's time fell in proportion to its TPCs ((reserved
   // + top-up) x (ratio - 1), rounded up to a TPC pair): one or two
@@ -446,8 +470,10 @@ class TopUp {
   static constexpr unsigned kWindow = 64;  // ratios kept per decision window
   explicit TopUp(TopUpParams p = {}) noexcept : p_(p) {}
   // At most this many TPCs (the controller's bound: see choose_topup), for a
-  // reservation of `reserved` TPCs.
-  void set_max(unsigned max_tpcs, unsigned reserved = 0) noexcept;
+  // reservation of `reserved` TPCs whose identity is `reservation` (any
+  // number that changes when its TPCs do; 0: not known). When it changes,
+  // the durations alone measured on the old one are forgotten (forget()).
+  void set_max(unsigned max_tpcs, unsigned reserved = 0, std::uint64_t reservation = 0) noexcept;
   // A pass of the controller at `now`: the task saturated or not.
   void advance(std::uint64_t now, bool saturated) noexcept;
   // A reference probe: BE tasks hold, the task runs on its reservation alone.
@@ -476,6 +502,8 @@ class TopUp {
   TopUpParams p_;
   Mode mode_ = Mode::kOff;
   unsigned max_ = 0, tpcs_ = 0, reserved_ = 0;
+  unsigned below_ = 0;  // full windows in a row below shrink_below
+  std::uint64_t reservation_ = 0;
   std::uint64_t gen_ = 1;
   std::uint64_t probe_start_ = 0, probed_at_ = 0, probes_ = 0;
   unsigned probe_n_ = 0;
