@@ -334,7 +334,7 @@ def lc_window(replay, cmd):
     `seconds` (the same for every setup with the same seed), served one at a time in order."""
     for _ in range(LC_WARMUP_REPLAYS):
         replay()
-    lat, svc = [], []
+    lat, svc, at = [], [], []
     if cmd["rate"] is None:
         t0 = time.monotonic()
         end = t0 + cmd["seconds"]
@@ -344,6 +344,7 @@ def lc_window(replay, cmd):
             replay()
             e = time.monotonic()
             lat.append(e - s)
+            at.append(s - t0)
         svc = lat
         t1 = e
     else:
@@ -354,15 +355,16 @@ def lc_window(replay, cmd):
             t += rng.expovariate(cmd["rate"])
         t0 = time.monotonic() + 0.05
         for a in arrivals:
-            at = t0 + a
-            wait_until(at)
+            when = t0 + a
+            wait_until(when)
             s = time.monotonic()
             replay()
             e = time.monotonic()
-            lat.append(e - at)
+            lat.append(e - when)
             svc.append(e - s)
+        at = arrivals
         t1 = max(time.monotonic(), t0 + cmd["seconds"])
-    return {"t0": t0, "t1": t1, "lat_ms": [round(x * 1e3, 4) for x in lat],
+    return {"t0": t0, "t1": t1, "lat_ms": [round(x * 1e3, 4) for x in lat], "at_s": [round(x, 4) for x in at],
             "svc_ms": [round(x * 1e3, 4) for x in svc] if cmd["rate"] is not None else []}
 
 
@@ -839,6 +841,12 @@ class Driver:
                       "lc_service_p50_ms": pct(res["svc_ms"], 50) if res["svc_ms"] else "",
                       "lc_service_p99_ms": pct(res["svc_ms"], 99) if res["svc_ms"] else ""})
             r["_lat"] = lat
+            # The slowest 2% of the window's requests, [start or arrival (s after t0), ms], in time
+            # order: where in the window (against the roles' trace) the tail comes from.
+            at = res.get("at_s") or []
+            if len(at) == len(lat):
+                k = max(1, len(lat) // 50)
+                r["_slowest"] = sorted([a, x] for a, x in sorted(zip(at, lat), key=lambda p: -p[1])[:k])
             if not lat:
                 r.update({"valid": 0, "reject_reason": "LC served no request"})
         if be is not None:
@@ -1107,6 +1115,7 @@ def write_outputs(d, summary, meta):
             w.writerow({k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()})
     with open(os.path.join(out, "lc_be_mix.json"), "w") as f:
         roles_windows = [{"rep": r["rep"], "setup": r["setup"], "pattern": r["pattern"], "roles": r["roles"],
+                          "t0": r["t0_mono"], "slowest": r.get("_slowest", []),
                           "trace": r["_roles_trace"]} for r in d.rows if r.get("roles")]
         json.dump({"meta": meta, "summary": summary, "visits": d.visits, "skipped": d.skipped, "failed": d.failed,
                    "roles_windows": roles_windows}, f, indent=1)
