@@ -274,6 +274,7 @@ LcSnapshot snapshot(const Beacon& b) noexcept {
   s.launches = b.launches.load(std::memory_order_acquire);
   s.heartbeat_ns = b.heartbeat_ns.load(std::memory_order_relaxed);
   s.may_burst = b.may_burst.load(std::memory_order_relaxed) == 1;
+  s.probing = b.probing.load(std::memory_order_relaxed) == 1;
   return s;
 }
 
@@ -292,6 +293,17 @@ BeAction be_action(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noe
     a = BeAction::kFloor;
   }
   return a;
+}
+
+bool hold_is_probe(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noexcept {
+  bool any = false;
+  for (const LcSnapshot& s : lcs) {
+    const bool stale = now_ns > s.heartbeat_ns && now_ns - s.heartbeat_ns > kStaleNs;
+    if (stale || s.launches == s.completed || !s.may_burst) continue;
+    if (!s.probing) return false;
+    any = true;
+  }
+  return any;
 }
 
 std::uint64_t KernelDurations::estimate(std::uint64_t key, std::uint64_t unknown) const noexcept {
@@ -393,6 +405,14 @@ void TopUp::advance(std::uint64_t now, bool saturated) noexcept {
       ++gen_;
       probed_at_ = now;
       timed_alone_ = probe_n_ > 0;
+      if (!ever_ran_) {
+        // Its first top-up starts at its most, and shrinks to what it needs:
+        // the task is protected first. Grown from none, its first tens of
+        // ms of launches after each stop of the burst were slow, and they
+        // were most of a 4-s closed loop's 2% tail (run 63, docs/runs.md).
+        ever_ran_ = true;
+        tpcs_ = max_;
+      }
       start_window(now);
     }
     return;
@@ -446,8 +466,17 @@ void TopUp::advance(std::uint64_t now, bool saturated) noexcept {
     tpcs_ = std::min(max_, tpcs_ + add);
     below_ = 0;
   } else if (r < p_.shrink_below) {
+    below_max_ = below_ == 0 ? r : std::max(below_max_, r);
     if (++below_ >= p_.shrink_after) {
-      tpcs_ = tpcs_ > p_.step ? tpcs_ - p_.step : 0;
+      unsigned cut = p_.step;
+      if (reserved_ > 0) {
+        // To where the heaviest of those windows would run at shrink_to.
+        const double total = static_cast<double>(reserved_ + tpcs_);
+        const double want = std::ceil(total * below_max_ / p_.shrink_to);
+        const unsigned by = want < total ? static_cast<unsigned>(total - want) : 0;
+        cut = std::max(p_.step, by - by % 2);
+      }
+      tpcs_ = tpcs_ > cut ? tpcs_ - cut : 0;
       below_ = 0;
     }
   } else {

@@ -603,6 +603,7 @@ struct BeState {
   std::uint64_t epoch = ~0ull;
   std::uint64_t topup_gens = 0;  // of the peers, when the floors were last worked out
   roles::BurstBudget* hold_budget = nullptr;
+  roles::BurstBudget* probe_budget = nullptr;  // holds for reference probes (kProbeHoldBudget)
   // The queue (NVTASKSET_BE_DEPTH): one event per `stride` launches, in a
   // ring of `ring` slots.
   pthread_mutex_t qmu = PTHREAD_MUTEX_INITIALIZER;
@@ -728,11 +729,14 @@ roles::BeAction yielded(roles::BeAction a) noexcept {
   return a;
 }
 
-roles::BeAction be_decide(std::uint64_t now) {
+// `probe`: the hold is for reference probes only (roles::hold_is_probe).
+roles::BeAction be_decide(std::uint64_t now, bool& probe) {
   thread_local std::vector<roles::LcSnapshot> snaps;  // no allocation per launch once grown
   snaps.clear();
   for (const roles::Peer& p : *g_be.peers) snaps.push_back(roles::snapshot(*p.beacon));
-  return roles::be_action(snaps, now);
+  const roles::BeAction a = roles::be_action(snaps, now);
+  probe = a == roles::BeAction::kHold && roles::hold_is_probe(snaps, now);
+  return a;
 }
 
 // Before a best-effort launch: waits while an LC task bursts; true when the
@@ -746,20 +750,25 @@ bool be_before(CUstream, bool, bool graph) {
   std::uint64_t now = roles::monotonic_ns();
   be_refresh(now);
   g_be.hold_budget->advance(now, false);
-  roles::BeAction a = yielded(be_decide(now));
+  g_be.probe_budget->advance(now, false);
+  bool probe = false;
+  roles::BeAction a = yielded(be_decide(now, probe));
   const std::uint64_t start = now;
   bool held = false;
   while (a == roles::BeAction::kHold || (graph && a == roles::BeAction::kFloor)) {
-    if (!g_be.hold_budget->may_burst()) break;
+    // A hold for probes only counts against its own bound (kProbeHoldBudget).
+    probe = probe && a == roles::BeAction::kHold;
+    if (!(probe ? g_be.probe_budget : g_be.hold_budget)->may_burst()) break;
     held = true;
     if (h) h->role_state.store(1, std::memory_order_relaxed);
     pthread_mutex_unlock(&g_be.mu);
     sleep_ns(20'000);
     pthread_mutex_lock(&g_be.mu);
     now = roles::monotonic_ns();
-    g_be.hold_budget->advance(now, true);
+    g_be.hold_budget->advance(now, !probe);
+    g_be.probe_budget->advance(now, probe);
     be_refresh(now);
-    a = yielded(be_decide(now));
+    a = yielded(be_decide(now, probe));
   }
   pthread_mutex_unlock(&g_be.mu);
   if (h) {
@@ -1125,6 +1134,7 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
         }
       }
       g_be.hold_budget = new roles::BurstBudget(budget_params(roles::kHoldBudget));
+      g_be.probe_budget = new roles::BurstBudget(budget_params(roles::kProbeHoldBudget));
       const Choice<BeYield> y = choice_of<Option::kBeYield>();
       if (y.unknown) warn("NVTASKSET_BE_YIELD: not hold, floor or run; using hold");
       g_be.yield = y.value;

@@ -313,7 +313,11 @@ TEST_F(Roles, SaturatedLatencyCriticalTaskKeepsClusteredBestEffortKernelsOnTheFl
   std::ofstream(topo) << hopper_topology_json();
   touch(hold_);
   Proc* lcp = nullptr;
-  const long lc = start_task({"--topology-file", topo, "-t", "0,2", "--latency-critical"}, "lc", &lcp);
+  // Without its top-up: its probes time nothing here (its kernel is held),
+  // and its top-up would then be its most (the next test has one).
+  Env lc_env = env_;
+  lc_env["NVTASKSET_LC_TOPUP"] = "off";
+  const long lc = start_task({"--topology-file", topo, "-t", "0,2", "--latency-critical"}, "lc", &lcp, false, &lc_env);
   ASSERT_GT(lc, 0) << lcp->err();
   ASSERT_TRUE(wait_state(lc, "saturated"));
   auto be = [&](unsigned cluster) {
@@ -417,6 +421,28 @@ TEST_F(Roles, SaturatedLatencyCriticalTaskTakesItsTopUpAndBestEffortKeepsItsClus
   wait_task(lc, [](const nlohmann::json& t) { return state(t) == "idle" && t["controller"]["may_burst"] == true; },
             "idle and may burst");
   wait_task(lc, [](const nlohmann::json& t) { return t["controller"]["topup_size"] == 0; }, "no top-up");
+  stop("lc", *lcp);
+}
+
+// The measured top-up: with nothing to size it by (its kernel is held, so
+// its reference probes time nothing), a saturated LC task's top-up is its
+// most, min(3 reserved, half of the 5 free) = 2, and --status shows the
+// probes it keeps making (one every 0.5 s while they time nothing).
+TEST_F(Roles, ATopUpWithNothingMeasuredIsItsMost) {
+  env_["FAKECUDA_CC"] = "9.0";
+  const std::string topo = path("topology.json");
+  std::ofstream(topo) << hopper_topology_json();
+  touch(hold_);
+  Proc* lcp = nullptr;
+  const long lc = start_task({"--topology-file", topo, "-t", "1,3,5", "--latency-critical"}, "lc", &lcp);
+  ASSERT_GT(lc, 0) << lcp->err();
+  ASSERT_TRUE(wait_state(lc, "saturated"));
+  const nlohmann::json t =
+      wait_task(lc, [](const nlohmann::json& x) { return x["controller"]["topup_size"] == 2; }, "a top-up of 2");
+  EXPECT_EQ(t["controller"]["topup_tpcs"], "physical 0x202") << t.dump();
+  wait_task(lc, [](const nlohmann::json& x) { return x["controller"]["topup_probes"].get<int>() >= 2; },
+            "a second probe");
+  fs::remove(hold_);
   stop("lc", *lcp);
 }
 

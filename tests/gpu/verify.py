@@ -2160,6 +2160,38 @@ def section_roles():
         line = next((l for l in out.splitlines() if l.startswith(str(tt.pid) + " ")), "")
         check("roles f: the --status table says it is topped up", "(topped up with " in line, line.strip())
         tt.kill()
+    # g. A `-p` that changes a saturated LC task's reservation voids its durations alone (measured on the old
+    #    TPCs): its controller probes again at once, not at its next probe 4 s after the last. Taken just after
+    #    a probe, so that the next regular one is 4 s away; --status counts them (topup_probes).
+    with Task([NV, "--no-mps", "-t", "0-15", "--latency-critical", f"{GPUBIN}/busy", "--work", str(work)],
+              "roles-lc-forget") as tg:
+        state = wait_state(tg.pid, "saturated", 15)
+        t0, c, seen = time.monotonic(), {}, None
+        while time.monotonic() - t0 < 12:
+            c = (status_of(tg.pid) or {}).get("controller") or {}
+            n = c.get("topup_probes")
+            if seen is not None and isinstance(n, int) and n > seen and not c.get("probing"):
+                break
+            seen = n if isinstance(n, int) else seen
+            time.sleep(0.05)
+        before, t_probe = c.get("topup_probes"), time.monotonic()
+        rcp, op, ep, _ = run([NV, "-p", "-t", "0-23", str(tg.pid)], timeout=30)
+        t_p = time.monotonic()
+        after, c2 = before, {}
+        while time.monotonic() - t_p < 1.5:
+            c2 = (status_of(tg.pid) or {}).get("controller") or {}
+            after = c2.get("topup_probes")
+            if isinstance(after, int) and isinstance(before, int) and after > before:
+                break
+            time.sleep(0.05)
+        dt = time.monotonic() - t_p
+        check("roles g: -p -t 0-23 on a saturated LC -t 0-15 makes its controller probe again at once (< 1.5 s; "
+              "the regular probe is 4 s after the last)",
+              state == "saturated" and rcp == 0 and isinstance(before, int) and isinstance(after, int)
+              and after > before and time.monotonic() - t_probe < 4.0,
+              f"state {state}, -p rc={rcp} {ep.strip()[-200:]}, probes {before} -> {after} in {dt:.2f} s, "
+              f"{c2.get('state')}, tpcs {(status_of(tg.pid) or {}).get('tpcs')}")
+        tg.kill()
     # e. Under MPS, by throughput: BE's compute-bound work alone, next to a stale LC task on -n 16, and after
     #    the LC task died.
     times = {}
