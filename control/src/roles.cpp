@@ -262,7 +262,7 @@ void BurstBudget::advance(std::uint64_t now, bool busy) noexcept {
       // Stopped long enough: try again at the resume share (roles.hpp says why).
       allowed_ = true;
       share_ = std::min(share_, p_.resume_share);
-      fast_share_ = std::min(fast_share_, p_.resume_share);
+      fast_share_ = std::min(fast_share_, p_.fast_resume_share);
       probed_at_ = now;
     }
   }
