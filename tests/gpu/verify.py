@@ -2163,7 +2163,9 @@ def section_roles():
     # g. A `-p` that changes a saturated LC task's reservation voids its durations alone (measured on the old
     #    TPCs): its controller probes again at once, not at its next probe 4 s after the last. Taken just after
     #    a probe, so that the next regular one is 4 s away; --status counts them (topup_probes).
-    with Task([NV, "--no-mps", "-t", "0-15", "--latency-critical", f"{GPUBIN}/busy", "--work", str(work)],
+    # (About 18 s of work: waiting for saturation and then for a probe takes up to 5 s; with 6 s the task had
+    #  ended before the -p in run 65.)
+    with Task([NV, "--no-mps", "-t", "0-15", "--latency-critical", f"{GPUBIN}/busy", "--work", str(3 * work)],
               "roles-lc-forget") as tg:
         state = wait_state(tg.pid, "saturated", 15)
         t0, c, seen = time.monotonic(), {}, None
