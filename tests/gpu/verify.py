@@ -2164,7 +2164,9 @@ def section_roles():
     #    TPCs): its controller probes again at once, not at its next probe 4 s after the last. Taken just after
     #    a probe, so that the next regular one is 4 s away; --status counts them (topup_probes).
     # (About 18 s of work: waiting for saturation and then for a probe takes up to 5 s; with 6 s the task had
-    #  ended before the -p in run 65.)
+    #  ended before the -p in run 65.) `busy` queues deeper than a probe lasts, so its probes time nothing and
+    #  are also retried every 0.5 s: the check shows the probe comes at once (0.02 s in runs 63 and 66), but
+    #  cannot alone tell the -p's from a retry; the unit test TopUp.ANewReservationIsProbedAtOnce can.
     with Task([NV, "--no-mps", "-t", "0-15", "--latency-critical", f"{GPUBIN}/busy", "--work", str(3 * work)],
               "roles-lc-forget") as tg:
         state = wait_state(tg.pid, "saturated", 15)
