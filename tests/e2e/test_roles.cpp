@@ -287,7 +287,11 @@ TEST_F(Roles, SaturatedLatencyCriticalTaskPutsBestEffortOnItsFloor) {
 TEST_F(Roles, SaturatedLatencyCriticalTaskRunsOnItsReservation) {
   touch(hold_);
   Proc* lcp = nullptr;
-  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp);
+  // Without its top-up: its probes time nothing here (its kernel is held),
+  // and after the first its top-up is its most (ATopUpWithNothingMeasuredIsItsMost).
+  Env lc_env = env_;
+  lc_env["NVTASKSET_LC_TOPUP"] = "off";
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp, false, &lc_env);
   ASSERT_GT(lc, 0) << lcp->err();
   ASSERT_TRUE(wait_state(lc, "saturated"));
   const std::size_t from = records().size();
@@ -498,9 +502,13 @@ TEST_F(Roles, BestEffortTaskIsHandedItsGpusClusterLayout) {
 // the floor a best-effort task was sent to (docs/runs.md, run 26).
 TEST_F(Roles, LatencyCriticalGraphFollowsItsBurst) {
   const std::string until = path("until.lc"), ready = path("ready.lc");
+  // Without its top-up, which would widen its saturated replays after the
+  // first probe (its kernels are held, so its probes time nothing).
+  Env lc_env = env_;
+  lc_env["NVTASKSET_LC_TOPUP"] = "off";
   Proc& p = start({kCli, "--no-mps", "-t", "0-1", "--latency-critical", kGraphLauncher, "--mode", "plain", "--nodes",
                    "2", "--until-file", until, "--interval-ms", "20", "--ready-file", ready},
-                  env_);
+                  lc_env);
   const long lc = wait_ready(ready, p);
   ASSERT_GT(lc, 0) << p.wait();
   // Idle between replays, allowed to burst: every replay on all 8 TPCs

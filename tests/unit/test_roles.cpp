@@ -1241,11 +1241,21 @@ std::uint64_t contended(bool probing, unsigned tpcs) {
 struct Settled {
   TopUp u;
   Loop l{u};
+
   explicit Settled(unsigned max) {
     u.set_max(max, 16);
     l.dur = contended;
     l.settle();
   }
+};
+
+// The same, settled at 10 TPCs of at most 16, as a test fixture.
+class SettledTopUp : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_EQ(u.tpcs(), 10u); }
+  Settled st{16};
+  TopUp& u = st.u;
+  Loop& l = st.l;
 };
 
 TEST(TopUp, ProbesFirstThenStartsAtItsMostAndShrinksToWhatItNeeds) {
@@ -1278,11 +1288,7 @@ TEST(TopUp, ProbesFirstThenStartsAtItsMostAndShrinksToWhatItNeeds) {
   EXPECT_EQ(u.tpcs(), 10u);
 }
 
-TEST(TopUp, GrowsAtOnceWhenTheNeighbourGetsHeavier) {
-  Settled st(16);
-  TopUp& u = st.u;
-  Loop& l = st.l;
-  ASSERT_EQ(u.tpcs(), 10u);
+TEST_F(SettledTopUp, GrowsAtOnceWhenTheNeighbourGetsHeavier) {
   // The training's next phase slows it by 1.3 more: 0.89 x 1.3 = 1.16x at
   // 10. As soon as two of three launches are that slow, it grows by what
   // would pay that back: 26 x 0.16 = 4.2, 6 (an even number), to 16, its most.
@@ -1309,11 +1315,7 @@ TEST(TopUp, WithoutAReservationSizeItShrinksAStepADecision) {
   EXPECT_EQ(u.tpcs(), 10u);
 }
 
-TEST(TopUp, ShrinksWhenTheNeighbourLeaves) {
-  Settled st(16);
-  TopUp& u = st.u;
-  Loop& l = st.l;
-  ASSERT_EQ(u.tpcs(), 10u);
+TEST_F(SettledTopUp, ShrinksWhenTheNeighbourLeaves) {
   // The training ended: alone with its top-up it runs 16/26 of its time
   // alone (0.62x), below 0.85. After five windows (500 ms) below, it
   // shrinks to where that would be 0.95x: 26 x 0.62 / 0.95 = 16.8 TPCs,
@@ -1327,11 +1329,7 @@ TEST(TopUp, ShrinksWhenTheNeighbourLeaves) {
   EXPECT_EQ(u.tpcs(), 2u) << "0.89x: inside the band";
 }
 
-TEST(TopUp, ATrainingStepsLightPhasesDoNotShrinkIt) {
-  Settled st(16);
-  TopUp& u = st.u;
-  Loop& l = st.l;
-  ASSERT_EQ(u.tpcs(), 10u);
+TEST_F(SettledTopUp, ATrainingStepsLightPhasesDoNotShrinkIt) {
   // Phases of a training step, each about a window long: three light
   // (0.6x at 10) and one as heavy as before (0.89x). Each light run of windows is
   // shorter than shrink_after, so the top-up stays sized for the heavy
@@ -1437,11 +1435,7 @@ TEST(TopUp, AProbeThatTimesNothingDecidesNothingAndIsRetriedAfterHalfASecond) {
   EXPECT_TRUE(u.probing());
 }
 
-TEST(TopUp, NoneWhileBurstingOrIdleAndItsSizeIsKeptForTheNextSaturation) {
-  Settled st(16);
-  TopUp& u = st.u;
-  Loop& l = st.l;
-  ASSERT_EQ(u.tpcs(), 10u);
+TEST_F(SettledTopUp, NoneWhileBurstingOrIdleAndItsSizeIsKeptForTheNextSaturation) {
   const std::uint64_t g = u.generation();
   l.run(300, false);  // its burst resumed
   EXPECT_EQ(u.tpcs(), 0u);
