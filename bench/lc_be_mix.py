@@ -1228,7 +1228,8 @@ def parse_args(argv):
     ap.add_argument("--reps", type=int, help="rounds (default 3; --quick: 1)")
     ap.add_argument("--window-s", type=float, help="open-loop and BE-alone window, s (default 4; --quick: 2)")
     ap.add_argument("--closed-s", type=float, help="closed-loop window, s (default 3; --quick: 1.5)")
-    ap.add_argument("--rates", default="44,87", help="open-loop arrival rates, requests/s (default %(default)s)")
+    ap.add_argument("--rates", default="44,87",
+                    help="open-loop arrival rates, requests/s, or none for the closed loop only (default %(default)s)")
     ap.add_argument("--lc-tpcs", type=int, default=16, help="the LC reservation, -n (default %(default)s)")
     ap.add_argument("--be-tpcs", type=int, default=50, help="BE's static partition, -n (default %(default)s)")
     ap.add_argument("--setups", help="comma-separated subset of the setups (default: all)")
@@ -1250,12 +1251,13 @@ def parse_args(argv):
     for name, normal, quick in (("reps", 3, 1), ("window_s", 4.0, 2.0), ("closed_s", 3.0, 1.5)):
         if getattr(a, name) is None:
             setattr(a, name, quick if a.quick else normal)
+    closed_only = a.rates.strip() == "none"
     try:
-        a.rates = [float(x) for x in a.rates.split(",") if x.strip()]
+        a.rates = [] if closed_only else [float(x) for x in a.rates.split(",") if x.strip()]
     except ValueError:
-        ap.error(f"--rates {a.rates!r}: expected numbers separated by commas, e.g. 44,87")
-    if not a.rates or any(r <= 0 for r in a.rates):
-        ap.error("--rates: positive requests/s expected")
+        ap.error(f"--rates {a.rates!r}: expected numbers separated by commas, e.g. 44,87, or none")
+    if (not a.rates and not closed_only) or any(r <= 0 for r in a.rates):
+        ap.error("--rates: positive requests/s expected (or none: the closed loop only)")
     for name in ("reps", "lc_tpcs", "be_tpcs"):
         if getattr(a, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
