@@ -278,11 +278,18 @@ LcSnapshot snapshot(const Beacon& b) noexcept {
   return s;
 }
 
+namespace {
+
+bool stale(const LcSnapshot& s, std::uint64_t now_ns) noexcept {
+  return now_ns > s.heartbeat_ns && now_ns - s.heartbeat_ns > kStaleNs;
+}
+
+}  // namespace
+
 BeAction be_action(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noexcept {
   BeAction a = BeAction::kRun;
   for (const LcSnapshot& s : lcs) {
-    const bool stale = now_ns > s.heartbeat_ns && now_ns - s.heartbeat_ns > kStaleNs;
-    if (stale) {
+    if (stale(s, now_ns)) {
       // Its controller stopped: whether the task is busy is unknown, so
       // its reservation is kept free, and nothing waits for it.
       if (a == BeAction::kRun) a = BeAction::kFloor;
@@ -298,8 +305,7 @@ BeAction be_action(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noe
 bool hold_is_probe(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noexcept {
   bool any = false;
   for (const LcSnapshot& s : lcs) {
-    const bool stale = now_ns > s.heartbeat_ns && now_ns - s.heartbeat_ns > kStaleNs;
-    if (stale || s.launches == s.completed || !s.may_burst) continue;
+    if (stale(s, now_ns) || s.launches == s.completed || !s.may_burst) continue;
     if (!s.probing) return false;
     any = true;
   }
