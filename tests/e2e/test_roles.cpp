@@ -57,6 +57,27 @@ class Roles : public E2E {
     }
     return wait_state(lc, "bursting") ? lc : -1;
   }
+  // An LC task on `tpcs` of the Hopper layout (hopper_topology_json,
+  // written to `topo`) whose kernels stay "running" (the hold file): its pid
+  // once saturated (-1, with the failure added, if it does not get there).
+  // `extra` goes into its environment.
+  long start_saturated_hopper_lc(const std::string& tpcs, const std::string& topo, const Env& extra, Proc** out) {
+    env_["FAKECUDA_CC"] = "9.0";
+    std::ofstream(topo) << hopper_topology_json();
+    touch(hold_);
+    Env env = env_;
+    for (const auto& [k, v] : extra) env[k] = v;
+    const long lc = start_task({"--topology-file", topo, "-t", tpcs, "--latency-critical"}, "lc", out, false, &env);
+    if (lc <= 0) {
+      ADD_FAILURE() << (*out)->err();
+      return -1;
+    }
+    if (!wait_state(lc, "saturated")) {
+      ADD_FAILURE() << "not saturated";
+      return -1;
+    }
+    return lc;
+  }
   // An LC task on TPCs 0-1 that launched once and is idle; from then on
   // every kernel launched keeps "running" (the hold file), so a BE task's
   // queue fills. Its pid (-1, with the failure added, if it did not start).
@@ -312,18 +333,12 @@ TEST_F(Roles, SaturatedLatencyCriticalTaskRunsOnItsReservation) {
 // GPC 1 = 1,3,5 (up to 4), TPC 7 of no GPC. LC -t 0,2 leaves the floor
 // 1,3-7: clusters of at most 4 (TPCs 4,6 of GPC 0; 1,3,5 capped at 4).
 TEST_F(Roles, SaturatedLatencyCriticalTaskKeepsClusteredBestEffortKernelsOnTheFloorThatHostsThem) {
-  env_["FAKECUDA_CC"] = "9.0";
   const std::string topo = path("topology.json");
-  std::ofstream(topo) << hopper_topology_json();
-  touch(hold_);
   Proc* lcp = nullptr;
   // Without its top-up: its probes time nothing here (its kernel is held),
   // and its top-up would then be its most (the next test has one).
-  Env lc_env = env_;
-  lc_env["NVTASKSET_LC_TOPUP"] = "off";
-  const long lc = start_task({"--topology-file", topo, "-t", "0,2", "--latency-critical"}, "lc", &lcp, false, &lc_env);
-  ASSERT_GT(lc, 0) << lcp->err();
-  ASSERT_TRUE(wait_state(lc, "saturated"));
+  const long lc = start_saturated_hopper_lc("0,2", topo, {{"NVTASKSET_LC_TOPUP", "off"}}, &lcp);
+  ASSERT_GT(lc, 0);
   auto be = [&](unsigned cluster) {
     const Result r = run({kCli, "--no-mps", "--topology-file", topo, "--best-effort", kGraphLauncher, "--mode",
                           "eager", "--cluster", std::to_string(cluster), "--nodes", "1", "--replays", "2"},
@@ -385,16 +400,10 @@ TEST_F(Roles, LatencyCriticalControllerNeverBreaksAStreamCapture) {
 // cluster), then GPC 0's first TPC, 0. Soft floor 2,4,6: clusters of at most
 // 6 SMs; without the top-up, 0,2,4,6,7: GPC 0 whole, clusters of 8.
 TEST_F(Roles, SaturatedLatencyCriticalTaskTakesItsTopUpAndBestEffortKeepsItsClusters) {
-  env_["FAKECUDA_CC"] = "9.0";
   const std::string topo = path("topology.json");
-  std::ofstream(topo) << hopper_topology_json();
-  touch(hold_);
   Proc* lcp = nullptr;
-  Env lc_env = env_;
-  lc_env["NVTASKSET_TEST_TOPUP"] = "2";
-  const long lc = start_task({"--topology-file", topo, "-t", "1,3,5", "--latency-critical"}, "lc", &lcp, false, &lc_env);
-  ASSERT_GT(lc, 0) << lcp->err();
-  ASSERT_TRUE(wait_state(lc, "saturated"));
+  const long lc = start_saturated_hopper_lc("1,3,5", topo, {{"NVTASKSET_TEST_TOPUP", "2"}}, &lcp);
+  ASSERT_GT(lc, 0);
   // (--status without the topology names them by mask bit: TPC 0 is bit 9, TPC 7 bit 1.)
   const nlohmann::json tl =
       wait_task(lc, [](const nlohmann::json& t) { return t["controller"]["topup_size"] == 2; }, "a top-up of 2");
@@ -433,14 +442,9 @@ TEST_F(Roles, SaturatedLatencyCriticalTaskTakesItsTopUpAndBestEffortKeepsItsClus
 // most, min(3 reserved, half of the 5 free) = 2, and --status shows the
 // probes it keeps making (one every 0.5 s while they time nothing).
 TEST_F(Roles, ATopUpWithNothingMeasuredIsItsMost) {
-  env_["FAKECUDA_CC"] = "9.0";
-  const std::string topo = path("topology.json");
-  std::ofstream(topo) << hopper_topology_json();
-  touch(hold_);
   Proc* lcp = nullptr;
-  const long lc = start_task({"--topology-file", topo, "-t", "1,3,5", "--latency-critical"}, "lc", &lcp);
-  ASSERT_GT(lc, 0) << lcp->err();
-  ASSERT_TRUE(wait_state(lc, "saturated"));
+  const long lc = start_saturated_hopper_lc("1,3,5", path("topology.json"), {}, &lcp);
+  ASSERT_GT(lc, 0);
   const nlohmann::json t =
       wait_task(lc, [](const nlohmann::json& x) { return x["controller"]["topup_size"] == 2; }, "a top-up of 2");
   EXPECT_EQ(t["controller"]["topup_tpcs"], "physical 0x202") << t.dump();
