@@ -103,6 +103,11 @@ ROLE_VARIANTS = {
     "roles-fd4": ({"NVTASKSET_BE_FLOOR_DEPTH": "4"},
                   "BE queue of 4 launches on its floor too (NVTASKSET_BE_FLOOR_DEPTH=4; the default is 16)"),
     "roles-run": ({YIELD_ENV: "run"}, f"BE not held while LC bursts ({YIELD_ENV}=run)"),
+    "roles-gate": ({YIELD_ENV: "gate"}, f"BE stopped on the GPU by its gate while LC bursts ({YIELD_ENV}=gate)"),
+    "roles-gate2": ({YIELD_ENV: "gate", "NVTASKSET_BE_GATE_EVERY": "2"},
+                    f"BE stopped by its gate, one every 2 launches ({YIELD_ENV}=gate, NVTASKSET_BE_GATE_EVERY=2)"),
+    "roles-gate-d64": ({YIELD_ENV: "gate", "NVTASKSET_BE_DEPTH": "64"},
+                       f"BE stopped by its gate, 64 launches queued ({YIELD_ENV}=gate, NVTASKSET_BE_DEPTH=64)"),
 }
 # Other static shapes, LC -n L --exclusive / BE -n B --exclusive (only when named): how many TPCs the
 # LC task needs beyond its reservation to run at its speed alone there next to the BE task (the

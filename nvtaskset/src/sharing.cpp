@@ -300,7 +300,8 @@ int print_status(Devices& devices, bool json) {
                       {"held_ms", static_cast<double>(r64(h.held_ns)) / 1e6},
                       {"launches_on_floor", r64(h.launches_on_floor)},
                       {"queue_waits", r64(h.queue_waits)},
-                      {"floor_skipped", r64(h.floor_skipped)}};
+                      {"floor_skipped", r64(h.floor_skipped)},
+                      {"gates_queued", r64(h.gates_queued)}};
         if (r64(h.floor_skipped) != 0 && (i == 0 || rows[i - 1].e->pid != pid))
           notes.push_back("pid " + std::to_string(pid) + " ran " + std::to_string(r64(h.floor_skipped)) +
                           " kernels on its whole partition while a latency-critical task was busy: their "

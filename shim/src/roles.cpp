@@ -5,6 +5,7 @@
 #include <dlfcn.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -14,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -59,6 +61,11 @@ using ElapsedFn = CUresult (*)(float*, CUevent, CUevent);
 using IsCapturingFn = CUresult (*)(CUstream, CUstreamCaptureStatus*);
 using CtxGetFn = CUresult (*)(CUcontext*);
 using CtxSetFn = CUresult (*)(CUcontext);
+// The gate's (NVTASKSET_BE_YIELD=gate), as the driver exports them (cuda.h:
+// cuMemHostAlloc, cuMemHostGetDevicePointer_v2, cuStreamWaitValue32_v2).
+using HostAllocFn = CUresult (*)(void**, size_t, unsigned);
+using HostDevicePtrFn = CUresult (*)(CUdeviceptr*, void*, unsigned);
+using WaitValueFn = CUresult (*)(CUstream, CUdeviceptr, std::uint32_t, unsigned);
 
 struct Driver {
   std::atomic<EventCreateFn> event_create{nullptr};
@@ -71,6 +78,10 @@ struct Driver {
   std::atomic<IsCapturingFn> is_capturing_ptsz{nullptr};
   std::atomic<CtxGetFn> ctx_get{nullptr};
   std::atomic<CtxSetFn> ctx_set{nullptr};
+  std::atomic<HostAllocFn> host_alloc{nullptr};
+  std::atomic<HostDevicePtrFn> host_device_ptr{nullptr};
+  std::atomic<WaitValueFn> wait_value{nullptr};
+  std::atomic<WaitValueFn> wait_value_ptsz{nullptr};
 };
 constinit Driver g_drv{};
 
@@ -725,6 +736,7 @@ roles::BeAction yielded(roles::BeAction a) noexcept {
     case BeYield::kHold: return a;
     case BeYield::kFloor: return roles::BeAction::kFloor;
     case BeYield::kRun: return roles::BeAction::kRun;
+    case BeYield::kGate: return a;  // where the gate cannot be used: a hold
   }
   return a;
 }
@@ -911,6 +923,182 @@ void be_after(CUstream s, bool per_thread, std::uint64_t key, bool floor) noexce
   pthread_mutex_unlock(&g_be.qmu);
 }
 
+// ---- best-effort: the gate on the GPU (NVTASKSET_BE_YIELD=gate) -----------------------
+//
+// Held on the CPU, a launch waits before the driver sees it, so what an LC
+// request waits behind is the BE queue (NVTASKSET_BE_DEPTH), and a shallow
+// queue idles the GPU between GPT-2-medium's short kernels: 4 launches cost
+// the training 22% next to an idle LC task (H100, docs/results.md, "What the
+// best-effort queue costs by itself"). The gate stops the stream on the GPU
+// instead: before every NVTASKSET_BE_GATE_EVERY launches of a stream the shim
+// queues a wait on a word of the task's own mapped host memory
+// (cuStreamWaitValue32, equal to 0), and the task's gatekeeper thread writes
+// 1 while an LC task is busy and may burst (the same decision and budgets as
+// a hold), 0 otherwise. The CPU keeps launching (those launches go on the
+// floor, where they stay off the reservations whenever they run); an LC
+// request waits behind at most the kernels queued before the next gate. On
+// an H200, as a plain process and as an MPS client: a kernel behind a closed
+// gate never ran (100 of 100 trials), it ran 8 us (p50; p99 11) after the
+// CPU wrote 0, each open gate cost its stream 2.4 us, and a stream stopped
+// at a gate for 4 s did not slow another client (tests/gpu/gate_probe.cu,
+// docs/runs.md, run 68). The word is the task's own and only its own
+// thread closes it: an LC task that dies or hangs cannot keep it closed (the
+// budgets and staleness open it, as they end a hold).
+
+constexpr unsigned kWaitValueEq = 0x1;        // CU_STREAM_WAIT_VALUE_EQ
+constexpr unsigned kHostAllocPortable = 0x1;  // CU_MEMHOSTALLOC_PORTABLE
+constexpr unsigned kHostAllocDeviceMap = 0x2; // CU_MEMHOSTALLOC_DEVICEMAP
+constexpr unsigned kDefaultGateEvery = 4;
+// Under the gate the queue no longer sets the give-back, so it is deeper by
+// default: 16 launches cost the training 3-6% next to an idle LC task where
+// 4 cost 22% (H100, runs 40-41). Not deeper: launches queued while the LC
+// task was idle keep all the TPCs, and run over its reservation if it has
+// saturated by the time the gate opens.
+constexpr unsigned kDefaultGateDepth = 16;
+constexpr unsigned kGateLanes = 16;
+
+struct Gate {
+  bool on = false;        // NVTASKSET_BE_YIELD=gate, and the driver has the calls
+  unsigned every = kDefaultGateEvery;
+  // In mapped host memory (one page), created in the task's context at its
+  // first gated launch: 0 open, 1 closed. Written by the gatekeeper only.
+  std::atomic<std::uint32_t>* word = nullptr;
+  CUdeviceptr device_word = 0;
+  bool failed = false;
+  std::atomic<bool> started{false};
+  // Per stream, the launches since its last gate (a small table: two
+  // streams in one lane share a count, so their gates come sooner, never later).
+  struct Lane {
+    CUstream s = nullptr;
+    bool per_thread = false;
+    unsigned n = 0;
+  } lanes[kGateLanes];
+};
+constinit Gate g_gate{};
+
+// The gatekeeper: the hold decision of be_before, made every 20 us while an
+// LC task exists (every 2 ms while none does), written to the gate. Its
+// budgets are the hold's: closed for at most 100 ms in a row and half of its
+// time (for probes, a fifth), whatever the beacons say.
+void* gatekeeper(void*) {
+  ::prctl(PR_SET_TIMERSLACK, 1000UL);  // this thread's sleeps are short: 1-us slack, not 50
+  std::uint64_t closed_since = 0;
+  for (;;) {
+    pthread_mutex_lock(&g_be.mu);
+    const std::uint64_t now = roles::monotonic_ns();
+    be_refresh(now);
+    bool probe = false;
+    const roles::BeAction a = be_decide(now, probe);
+    probe = probe && a == roles::BeAction::kHold;
+    const bool close = a == roles::BeAction::kHold && (probe ? g_be.probe_budget : g_be.hold_budget)->may_burst();
+    g_be.hold_budget->advance(now, close && !probe);
+    g_be.probe_budget->advance(now, close && probe);
+    const bool any = g_be.any_lc.load(std::memory_order_relaxed);
+    pthread_mutex_unlock(&g_be.mu);
+    g_gate.word->store(close ? 1 : 0, std::memory_order_release);
+    if (ctl::Header* h = header()) {
+      if (close && closed_since == 0) {
+        closed_since = now;
+        bump(h->launches_held);
+        h->role_state.store(1, std::memory_order_relaxed);
+      } else if (!close && closed_since != 0) {
+        bump(h->held_ns, now - closed_since);
+        closed_since = 0;
+        std::uint32_t held = 1;
+        h->role_state.compare_exchange_strong(held, a == roles::BeAction::kRun ? 0 : 2, std::memory_order_relaxed);
+      }
+    }
+    sleep_ns(any ? 20'000 : 2'000'000);
+  }
+  return nullptr;
+}
+
+// Whether the gate can be queued now: the word exists (created here, in the
+// current context, at the first call) and the gatekeeper runs. Not during a
+// capture (the allocation would invalidate it). Under g_be.qmu.
+bool gate_ready() noexcept {
+  if (g_gate.failed) return false;
+  if (g_gate.word != nullptr) return true;
+  if (g_captures.load(std::memory_order_acquire) != 0) return false;
+  std::string why;
+  void* host = nullptr;
+  CUdeviceptr d = 0;
+  if (g_drv.host_alloc.load(std::memory_order_acquire)(&host, 4096, kHostAllocPortable | kHostAllocDeviceMap) !=
+          CUDA_SUCCESS ||
+      host == nullptr)
+    why = "cannot allocate mapped host memory";
+  else if (g_drv.host_device_ptr.load(std::memory_order_acquire)(&d, host, 0) != CUDA_SUCCESS || d == 0)
+    why = "no device address for its mapped host memory";
+  if (why.empty()) {
+    g_gate.word = new (host) std::atomic<std::uint32_t>(0);
+    g_gate.device_word = d;
+    pthread_t t;
+    if (::pthread_create(&t, nullptr, &gatekeeper, nullptr) != 0) {
+      why = "cannot start its gatekeeper thread";
+      g_gate.word = nullptr;  // (the page stays: a thread may have read the pointer)
+    } else {
+      ::pthread_detach(t);
+      g_gate.started.store(true, std::memory_order_release);
+    }
+  }
+  if (!why.empty()) {
+    g_gate.failed = true;
+    warn(("NVTASKSET_BE_YIELD=gate: " + why + "; its launches wait on the CPU instead (hold)").c_str());
+    return false;
+  }
+  return true;
+}
+
+// Before a launch on `s` under the gate: the gate, if this stream's launches
+// since its last one reached NVTASKSET_BE_GATE_EVERY (its first launch gets
+// one). False when the gate cannot be used (the launch then holds on the CPU).
+bool gate_before(CUstream s, bool per_thread) noexcept {
+  if (!g_be.any_lc.load(std::memory_order_acquire)) return true;  // nothing to make way for
+  if (g_captures.load(std::memory_order_acquire) != 0) return false;
+  pthread_mutex_lock(&g_be.qmu);
+  bool ok = gate_ready();
+  if (ok) {
+    const std::uintptr_t k = reinterpret_cast<std::uintptr_t>(s) ^ (per_thread ? 0x9e37u : 0u);
+    Gate::Lane& lane = g_gate.lanes[(k ^ (k >> 4) ^ (k >> 12)) % kGateLanes];
+    if (lane.s != s || lane.per_thread != per_thread) lane = {s, per_thread, 0};
+    if (lane.n++ % g_gate.every == 0) {
+      if (capturing(s, per_thread)) {
+        ok = false;  // work captured into a graph never ran here: hold it on the CPU
+      } else {
+        const WaitValueFn ptsz = g_drv.wait_value_ptsz.load(std::memory_order_acquire);
+        CUstream st = per_thread && ptsz == nullptr && s == nullptr ? CU_STREAM_PER_THREAD : s;
+        const WaitValueFn f = per_thread && ptsz != nullptr ? ptsz : g_drv.wait_value.load(std::memory_order_acquire);
+        ok = f(st, g_gate.device_word, 0, kWaitValueEq) == CUDA_SUCCESS;
+        if (ok) {
+          if (ctl::Header* h = header()) bump(h->gates_queued);
+        } else {
+          lane.n = 0;  // the next launch tries again
+        }
+      }
+    }
+  }
+  pthread_mutex_unlock(&g_be.qmu);
+  return ok;
+}
+
+// Before a best-effort kernel launch under the gate: no wait on the CPU. A
+// launch an LC task's burst would hold goes on the floor, behind the gate;
+// one the floor would take goes there. True when the launch must run on the floor.
+bool be_before_gate() {
+  ctl::Header* h = header();
+  pthread_mutex_lock(&g_be.mu);
+  const std::uint64_t now = roles::monotonic_ns();
+  be_refresh(now);
+  bool probe = false;
+  const roles::BeAction a = be_decide(now, probe);
+  pthread_mutex_unlock(&g_be.mu);
+  if (h) {
+    h->role_state.store(a == roles::BeAction::kRun ? 0 : a == roles::BeAction::kHold ? 1 : 2, std::memory_order_relaxed);
+    if (a != roles::BeAction::kRun) bump(h->launches_on_floor);
+  }
+  return a != roles::BeAction::kRun;
+}
+
 // ---- one launch, either role ---------------------------------------------------------
 
 struct Launch {
@@ -927,7 +1115,9 @@ Launch before(CUstream s, bool per_thread, bool graph, std::uint64_t key) noexce
     case Role::kBestEffort:
       work_wait(key);
       try {
-        l.floor = be_before(s, per_thread, graph);
+        // Under the gate a kernel launch is queued behind it (a graph's
+        // kernels keep the TPCs they were encoded with: it holds).
+        l.floor = g_gate.on && !graph && gate_before(s, per_thread) ? be_before_gate() : be_before(s, per_thread, graph);
       } catch (const std::exception&) {
         l.floor = true;  // the safe side
       }
@@ -1096,6 +1286,10 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
   load(g_drv.is_capturing_ptsz, driver, "cuStreamIsCapturing_ptsz");
   load(g_drv.ctx_get, driver, "cuCtxGetCurrent");
   load(g_drv.ctx_set, driver, "cuCtxSetCurrent");
+  load(g_drv.host_alloc, driver, "cuMemHostAlloc");
+  load(g_drv.host_device_ptr, driver, "cuMemHostGetDevicePointer_v2");
+  load(g_drv.wait_value, driver, "cuStreamWaitValue32_v2");
+  load(g_drv.wait_value_ptsz, driver, "cuStreamWaitValue32_v2_ptsz");
   try {
     if (r == Role::kLatencyCritical) {
       g_lc.pool = new std::vector<DevicePartition>();
@@ -1136,10 +1330,24 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
       g_be.hold_budget = new roles::BurstBudget(budget_params(roles::kHoldBudget));
       g_be.probe_budget = new roles::BurstBudget(budget_params(roles::kProbeHoldBudget));
       const Choice<BeYield> y = choice_of<Option::kBeYield>();
-      if (y.unknown) warn("NVTASKSET_BE_YIELD: not hold, floor or run; using hold");
+      if (y.unknown) warn("NVTASKSET_BE_YIELD: not hold, floor, run or gate; using hold");
       g_be.yield = y.value;
-      const NumberValue d = number(Option::kBeDepth, 1, 1024, kDefaultBeDepth);
-      if (d.bad) warn("NVTASKSET_BE_DEPTH: not a number from 1 to 1024; using 4");
+      const NumberValue ge = number(Option::kBeGateEvery, 1, 64, kDefaultGateEvery);
+      if (ge.bad) warn("NVTASKSET_BE_GATE_EVERY: not a number from 1 to 64; using 4");
+      g_gate.every = static_cast<unsigned>(ge.value);
+      if (g_be.yield == BeYield::kGate) {
+        if (g_drv.host_alloc.load(std::memory_order_acquire) == nullptr ||
+            g_drv.host_device_ptr.load(std::memory_order_acquire) == nullptr ||
+            g_drv.wait_value.load(std::memory_order_acquire) == nullptr)
+          warn("NVTASKSET_BE_YIELD=gate: the driver has no cuStreamWaitValue32_v2 or mapped host memory; its launches "
+               "wait on the CPU instead (hold)");
+        else
+          g_gate.on = true;
+      }
+      const unsigned depth_default = g_gate.on ? kDefaultGateDepth : kDefaultBeDepth;
+      const NumberValue d = number(Option::kBeDepth, 1, 1024, depth_default);
+      if (d.bad)
+        warn(("NVTASKSET_BE_DEPTH: not a number from 1 to 1024; using " + std::to_string(depth_default)).c_str());
       g_be.depth = static_cast<unsigned>(d.value);
       const NumberValue q = number(Option::kBeQueueUs, 0, 1'000'000, 0);
       if (q.bad) warn("NVTASKSET_BE_QUEUE_US: not a number from 0 to 1000000; no time bound");
@@ -1154,7 +1362,7 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
                                                             ? g_be.depth
                                                             : roles::WorkQueue::kRing - 1);
       // Bounded under hold, or when a bound was asked for.
-      g_be.bounded = g_be.yield == BeYield::kHold || option_value(Option::kBeDepth) != nullptr || g_be.queue_ns != 0 ||
+      g_be.bounded = g_be.yield == BeYield::kHold || g_be.yield == BeYield::kGate || option_value(Option::kBeDepth) != nullptr || g_be.queue_ns != 0 ||
                      g_be.work != nullptr;
       // One event per `stride` launches (a quarter of the depth; with a
       // time bound, as many as fit in 64), at most 64 events: the queue is
@@ -1276,6 +1484,9 @@ void atfork_child() noexcept {
   g_be.count = 0;
   if (g_be.work != nullptr) g_be.work->clear();  // the parent's launches and events
   g_floor_users.store(0, std::memory_order_relaxed);
+  // The parent's gatekeeper is not in the child: no gate there.
+  g_gate.word = nullptr;
+  g_gate.failed = true;
   g_captures.store(0, std::memory_order_relaxed);
   g_ctl_calls.store(0, std::memory_order_relaxed);
 }

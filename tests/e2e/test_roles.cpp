@@ -262,8 +262,60 @@ TEST_F(Roles, BestEffortYieldsAsAskedWhileTheLatencyCriticalTaskBursts) {
   fs::remove(hold_);
   EXPECT_TRUE(AllOn(wait_records(be.pid, 1), kAll));
   stop("be", be);
-  EXPECT_NE(be.err().find("NVTASKSET_BE_YIELD: not hold, floor or run; using hold"), std::string::npos) << be.err();
+  EXPECT_NE(be.err().find("NVTASKSET_BE_YIELD: not hold, floor, run or gate; using hold"), std::string::npos) << be.err();
   stop("lc", *lcp);
+}
+
+// NVTASKSET_BE_YIELD=gate: while an LC task bursts, a BE task's launches
+// are not held on the CPU: they go on its floor, queued behind a gate (a
+// wait on a word of its own mapped memory) that its gatekeeper closed; once
+// the LC task is idle the gate opens and its kernels run on every TPC again.
+TEST_F(Roles, BestEffortGateStopsItsStreamOnTheGpuWhileTheLatencyCriticalTaskBursts) {
+  Proc* lcp = nullptr;
+  const long lc = start_bursting_lc(&lcp);
+  ASSERT_GT(lc, 0);
+  Env env = env_;
+  env["NVTASKSET_BE_YIELD"] = "gate";
+  const std::string waits = path("waits");
+  env["FAKECUDA_WAITS"] = waits;
+  Proc* be = nullptr;
+  ASSERT_GT(start_task({"--best-effort"}, "be", &be, false, &env), 0) << be->err();
+  // Launched, not held: on the floor (TPCs 2-7), while the LC task bursts.
+  EXPECT_TRUE(AllOn(wait_records(be->pid, 3), on(0xfc)));
+  ASSERT_TRUE(wait_state(be->pid, "holding")) << be->err();
+  EXPECT_EQ(state(task(lc)), "bursting");
+  // A gate queued while closed: "<pid> wait <the word then> <the value waited for>".
+  const std::string closed = std::to_string(be->pid) + " wait 1 0";
+  EXPECT_TRUE(wait_until([&] { return read_file(waits).find(closed) != std::string::npos; }, kStateWait))
+      << read_file(waits);
+  // The LC task's work completes: the gate opens, and the BE's kernels run on every TPC.
+  fs::remove(hold_);
+  const std::size_t before = records_of(be->pid).size();
+  wait_until([&] { return records_of(be->pid).size() >= before + 3; }, kStateWait);
+  const auto recs = records_of(be->pid);
+  ASSERT_GE(recs.size(), before + 3);
+  EXPECT_TRUE(AllOn({recs.end() - 2, recs.end()}, kAll));
+  const nlohmann::json t = wait_task(be->pid, [](const nlohmann::json& x) { return state(x) == "running"; }, "running");
+  EXPECT_GE(counter(t, "launches_held"), 1u) << t.dump();  // the gate's closings
+  EXPECT_GT(t["controller"].value("held_ms", 0.0), 0.0) << t.dump();
+  EXPECT_GE(counter(t, "gates_queued"), 2u) << t.dump();
+  const std::string open = std::to_string(be->pid) + " wait 0 0";
+  EXPECT_TRUE(wait_until([&] { return read_file(waits).find(open) != std::string::npos; }, kStateWait))
+      << read_file(waits);
+  stop("be", *be);
+  EXPECT_EQ(be->err().find("NVTASKSET_BE"), std::string::npos) << be->err();
+  stop("lc", *lcp);
+}
+
+TEST_F(Roles, BadGateSpacingIsOneWarningAndTheTaskRuns) {
+  Env env = env_;
+  env["NVTASKSET_BE_YIELD"] = "gate";
+  env["NVTASKSET_BE_GATE_EVERY"] = "65";
+  const Result r = run({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "3"}, env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  const auto ls = lines_of(r.err);
+  ASSERT_EQ(ls.size(), 1u) << r;
+  EXPECT_NE(ls[0].find("NVTASKSET_BE_GATE_EVERY: not a number from 1 to 64; using 4"), std::string::npos) << r;
 }
 
 // ---- (b) an LC task busy too long stops bursting: BE kernels run on the floor ----------

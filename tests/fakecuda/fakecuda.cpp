@@ -36,6 +36,8 @@
 //   FAKECUDA_HOLD          file; a kernel launched while it exists keeps
 //                          running until it is removed (see "Events and
 //                          held work" below)
+//   FAKECUDA_WAITS         file; each cuStreamWaitValue32_v2 appends
+//                          "<pid> wait <the word then> <the value waited for>"
 // CUDA_VISIBLE_DEVICES is read at the first cuInit, as the driver does
 // (CUDA C Programming Guide, "CUDA Environment Variables"): a comma-separated
 // list of device indices or full UUIDs selects and orders the devices the
@@ -92,6 +94,16 @@
 // both are complete, and CUDA_ERROR_INVALID_HANDLE for an event created with
 // CU_EVENT_DISABLE_TIMING or never recorded, as the real driver does.
 // Stream capture: see "Stream capture" below (CUDA's global mode).
+// Stream waits (cuStreamWaitValue32_v2, CU_STREAM_WAIT_VALUE_EQ only), as
+// measured on an H200 as a plain process and as an MPS client
+// (tests/gpu/gate_probe.cu, docs/runs.md, run 68): work queued behind a wait
+// runs once the 32-bit word at its address (mapped host memory,
+// cuMemHostAlloc with CU_MEMHOSTALLOC_DEVICEMAP) equals the value, and never
+// before. Kept per process, as held work is: an event recorded after a wait
+// completes only once that wait passed, and so do cuStreamQuery,
+// cuStreamSynchronize and cuCtxSynchronize; a wait passes the first time it
+// is seen satisfied (in order) and stays passed. Kernels are recorded at
+// launch, as ever: their mask is fixed then.
 //
 // Kernels: the stand-in runs exactly one, `nvtaskset --verify`'s block-SM
 // probe (topology/kernels/block_smid.cu), recognised by its entry name in the
@@ -197,6 +209,7 @@ struct Config {
   std::vector<unsigned> tpc_bits;  // FAKECUDA_TPC_BITS: the mask bit of each logical TPC
   std::string hold_path;           // FAKECUDA_HOLD
   std::uint64_t kernel_ns = 0;     // FAKECUDA_KERNEL_US, on the virtual GPU clock
+  std::string waits_path;          // FAKECUDA_WAITS
 };
 
 long parse_int(const char* name, const char* v, long lo, long hi) {
@@ -244,6 +257,7 @@ Config load_config() {
   if (const char* v = std::getenv("FAKECUDA_INITIAL_MASK")) c.initial_mask = parse_hex128("FAKECUDA_INITIAL_MASK", v);
   if (const char* v = std::getenv("FAKECUDA_RECORD")) c.record_path = v;
   if (const char* v = std::getenv("FAKECUDA_HOLD")) c.hold_path = v;
+  if (const char* v = std::getenv("FAKECUDA_WAITS")) c.waits_path = v;
   if (const char* v = std::getenv("FAKECUDA_KERNEL_US"))
     c.kernel_ns = static_cast<std::uint64_t>(parse_int("FAKECUDA_KERNEL_US", v, 0, 1'000'000)) * 1000;
   const unsigned tpcs = c.sm_count / 2;
@@ -583,6 +597,33 @@ void wait_released(std::uint64_t target) {
   while (!released(target)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
 }
 
+// --- stream waits (see "Stream waits" at the top) -----------------------------
+struct FakeWait {
+  const std::uint32_t* word;
+  std::uint32_t value;
+};
+std::mutex g_wait_mutex;  // guards both
+std::vector<FakeWait> g_waits;
+std::size_t g_waits_passed = 0;
+
+std::size_t waits_queued() {
+  std::lock_guard lock(g_wait_mutex);
+  return g_waits.size();
+}
+
+// Whether waits 1..n have passed; looks at each word once.
+bool waits_passed(std::size_t n) {
+  std::lock_guard lock(g_wait_mutex);
+  while (g_waits_passed < n && __atomic_load_n(g_waits[g_waits_passed].word, __ATOMIC_ACQUIRE) ==
+                                   g_waits[g_waits_passed].value)
+    ++g_waits_passed;
+  return g_waits_passed >= n;
+}
+
+void wait_passed(std::size_t n) {
+  while (!waits_passed(n)) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+}
+
 CUresult launch(const Cluster& cl = {}) {
   if (!g_initialized.load(std::memory_order_acquire)) return CUDA_ERROR_NOT_INITIALIZED;
   Tmd t;
@@ -640,6 +681,7 @@ struct FakeEvent {
   bool timing = true;      // not CU_EVENT_DISABLE_TIMING
   bool recorded = false;
   std::uint64_t gpu_ns = 0;  // the virtual GPU clock when it completes
+  std::size_t waits = 0;     // stream waits 1..waits must pass
 };
 std::mutex g_event_mutex;  // guards the live set and every event's fields
 std::set<FakeEvent*> g_live_events;
@@ -1022,12 +1064,14 @@ CUresult CUDAAPI cuCtxGetDevice(CUdevice* device) {
 CUresult CUDAAPI cuCtxSynchronize(void) {
   if (CUresult r = check_init()) return r;
   wait_released(g_held_launches.load());
+  wait_passed(waits_queued());
   return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuStreamSynchronize(CUstream s) {
   if (CUresult r = check_init()) return r;
   wait_released(g_held_launches.load());
+  wait_passed(waits_queued());
   // As on a GPU: a kernel that never runs is waited for forever.
   while (stream_of(s)->stuck.load()) std::this_thread::sleep_for(std::chrono::seconds(1));
   return CUDA_SUCCESS;
@@ -1367,6 +1411,7 @@ CUresult CUDAAPI cuStreamDestroy_v2(CUstream s) {
 CUresult CUDAAPI cuStreamQuery(CUstream s) {
   if (CUresult r = check_init()) return r;
   if (!released(g_held_launches.load())) return CUDA_ERROR_NOT_READY;  // held work, on any stream
+  if (!waits_passed(waits_queued())) return CUDA_ERROR_NOT_READY;
   return stream_of(s)->stuck.load() ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 // Stream capture, in CUDA's global mode (PyTorch's): one capture at a time,
@@ -1445,10 +1490,12 @@ CUresult CUDAAPI cuEventRecord(CUevent e, CUstream s) {
   std::uint64_t held = g_held_launches.load();
   if (released(held)) held = 0;  // nothing held now: complete at once
   const bool stuck = stream_of(s)->stuck.load();
+  const std::size_t waits = waits_queued();
   std::lock_guard lock(g_event_mutex);
   auto it = g_live_events.find(reinterpret_cast<FakeEvent*>(e));
   if (it == g_live_events.end()) return CUDA_ERROR_INVALID_HANDLE;
   (*it)->held = held;  // replaces what it waited for
+  (*it)->waits = waits;
   (*it)->stuck = stuck;
   (*it)->recorded = true;
   (*it)->gpu_ns = g_gpu_ns.load();
@@ -1459,7 +1506,7 @@ CUresult CUDAAPI cuEventQuery(CUevent e) {
   unsafe_call();
   FakeEvent state;
   if (!event_state(e, state)) return CUDA_ERROR_INVALID_HANDLE;
-  return state.stuck || !released(state.held) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
+  return state.stuck || !released(state.held) || !waits_passed(state.waits) ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 // As CUDA documents it: both events recorded and complete, both with timing.
 // Not in cuda_driver_api.hpp (the shim looks it up by name), so exported here.
@@ -1470,7 +1517,8 @@ __attribute__((visibility("default"))) CUresult CUDAAPI cuEventElapsedTime(float
   FakeEvent a, b;
   if (!event_state(start, a) || !event_state(end, b)) return CUDA_ERROR_INVALID_HANDLE;
   if (!a.timing || !b.timing || !a.recorded || !b.recorded) return CUDA_ERROR_INVALID_HANDLE;
-  if (a.stuck || b.stuck || !released(a.held) || !released(b.held)) return CUDA_ERROR_NOT_READY;
+  if (a.stuck || b.stuck || !released(a.held) || !released(b.held) || !waits_passed(std::max(a.waits, b.waits)))
+    return CUDA_ERROR_NOT_READY;
   *ms = static_cast<float>((static_cast<double>(b.gpu_ns) - static_cast<double>(a.gpu_ns)) / 1e6);
   return CUDA_SUCCESS;
 }
@@ -1481,9 +1529,57 @@ CUresult CUDAAPI cuEventSynchronize(CUevent e) {
   FakeEvent state;
   if (!event_state(e, state)) return CUDA_ERROR_INVALID_HANDLE;
   wait_released(state.held);
+  wait_passed(state.waits);
   // As cuStreamSynchronize: a kernel that never runs is waited for forever.
   while (state.stuck) std::this_thread::sleep_for(std::chrono::seconds(1));
   return CUDA_SUCCESS;
+}
+
+// Mapped host memory: host memory the device reaches at the same address
+// (unified addressing, as on a 64-bit GPU). Not in cuda_driver_api.hpp (the
+// shim looks these up by name), so exported here.
+__attribute__((visibility("default"))) CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytes, unsigned int) {
+  if (!pp) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = check_init()) return r;
+  void* mem = nullptr;
+  if (::posix_memalign(&mem, 4096, bytes ? bytes : 1) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
+  std::memset(mem, 0, bytes ? bytes : 1);
+  std::lock_guard lock(g_memory_mutex);
+  g_allocations[reinterpret_cast<std::uintptr_t>(mem)] = bytes;
+  *pp = mem;
+  return CUDA_SUCCESS;
+}
+__attribute__((visibility("default"))) CUresult CUDAAPI cuMemHostGetDevicePointer_v2(CUdeviceptr* d, void* p,
+                                                                                      unsigned int flags) {
+  if (!d || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  if (!device_range(reinterpret_cast<std::uintptr_t>(p), 1)) return CUDA_ERROR_INVALID_VALUE;
+  *d = reinterpret_cast<std::uintptr_t>(p);
+  return CUDA_SUCCESS;
+}
+// CU_STREAM_WAIT_VALUE_EQ (1) only; see "Stream waits" at the top.
+__attribute__((visibility("default"))) CUresult CUDAAPI cuStreamWaitValue32_v2(CUstream, CUdeviceptr addr,
+                                                                                std::uint32_t value, unsigned int flags) {
+  if (CUresult r = check_init()) return r;
+  if (flags != 0x1 || addr % 4 != 0 || !device_range(addr, 4)) return CUDA_ERROR_INVALID_VALUE;
+  const auto* word = reinterpret_cast<const std::uint32_t*>(static_cast<std::uintptr_t>(addr));
+  {
+    std::lock_guard lock(g_wait_mutex);
+    g_waits.push_back({word, value});
+  }
+  if (!config().waits_path.empty()) {
+    static const int fd = ::open(config().waits_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) fatal("cannot open FAKECUDA_WAITS", config().waits_path.c_str());
+    char line[80];
+    const int n = std::snprintf(line, sizeof line, "%d wait %u %u\n", static_cast<int>(::getpid()),
+                                __atomic_load_n(word, __ATOMIC_ACQUIRE), value);
+    if (::write(fd, line, static_cast<std::size_t>(n)) != n) fatal("short write to FAKECUDA_WAITS", nullptr);
+  }
+  return CUDA_SUCCESS;
+}
+__attribute__((visibility("default"))) CUresult CUDAAPI cuStreamWaitValue32_v2_ptsz(CUstream s, CUdeviceptr addr,
+                                                                                     std::uint32_t value,
+                                                                                     unsigned int flags) {
+  return cuStreamWaitValue32_v2(s, addr, value, flags);
 }
 
 CUresult CUDAAPI cuGetProcAddress_v2(const char* symbol, void** pfn, int cudaVersion, cuuint64_t,

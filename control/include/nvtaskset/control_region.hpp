@@ -117,7 +117,10 @@ struct Header {
   // waited, the time they waited (ns), launches on the floor, launches that
   // waited for the task's own queue (NVTASKSET_BE_DEPTH); and launches that
   // should have run on the floor but ran on the whole partition (a kernel
-  // with clusters the floor may not host, or an empty floor).
+  // with clusters the floor may not host, or an empty floor). Under
+  // NVTASKSET_BE_YIELD=gate a hold is the gate on the GPU: launches_held
+  // counts its closings, held_ns the time closed, gates_queued the waits
+  // queued before launches.
   std::atomic<std::uint32_t> role;
   std::atomic<std::uint32_t> role_state;
   std::atomic<std::uint64_t> launches_held;
@@ -125,6 +128,7 @@ struct Header {
   std::atomic<std::uint64_t> launches_on_floor;
   std::atomic<std::uint64_t> queue_waits;
   std::atomic<std::uint64_t> floor_skipped;
+  std::atomic<std::uint64_t> gates_queued;
   DeviceEntry devices[kMaxDevices];
 };
 

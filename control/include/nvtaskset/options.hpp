@@ -40,6 +40,7 @@ enum class Option : unsigned {
   kLcTopup,          // NVTASKSET_LC_TOPUP
   kTestTopup,        // NVTASKSET_TEST_TOPUP (tests)
   kBeFloorDepth,     // NVTASKSET_BE_FLOOR_DEPTH
+  kBeGateEvery,      // NVTASKSET_BE_GATE_EVERY
 };
 
 enum class OptionKind { kChoice, kPath, kInternal, kNumber };
@@ -98,9 +99,10 @@ inline constexpr OptionDesc kOptions[] = {
     {Option::kTestBurstMs, "NVTASKSET_TEST_BURST_MS", OptionKind::kInternal, "", false,
      "FOR TESTS ONLY: a latency-critical task bursts for up to this many ms in a row whatever its share of time "
      "busy, and a best-effort task holds for it as long, so that tests can observe a burst without timing"},
-    {Option::kBeYield, "NVTASKSET_BE_YIELD", OptionKind::kChoice, "hold|floor|run", true,
+    {Option::kBeYield, "NVTASKSET_BE_YIELD", OptionKind::kChoice, "hold|floor|run|gate", true,
      "what a --best-effort task's launches do while a latency-critical task bursts: wait for it, go on the TPCs "
-     "outside its reservation, or go on as if it were idle"},
+     "outside its reservation, go on as if it were idle, or go on the floor queued behind a gate on the GPU that "
+     "stops its stream while the latency-critical task is busy (the CPU keeps launching; NVTASKSET_BE_GATE_EVERY)"},
     {Option::kBeQueueUs, "NVTASKSET_BE_QUEUE_US", OptionKind::kNumber, "0-1000000, default 0", true,
      "while a latency-critical task exists, a --best-effort task's next launch also waits while its oldest "
      "launch still queued was queued more than this many microseconds ago (0: no such bound; "
@@ -124,6 +126,10 @@ inline constexpr OptionDesc kOptions[] = {
      "a --best-effort task's launches on its floor (every busy latency-critical task saturated) keep at most this "
      "many launches queued instead of NVTASKSET_BE_DEPTH: they keep off the reservations, so nothing waits behind "
      "them for TPCs (not with NVTASKSET_BE_QUEUE_US or NVTASKSET_BE_WORK_US)"},
+    {Option::kBeGateEvery, "NVTASKSET_BE_GATE_EVERY", OptionKind::kNumber, "1-64, default 4", true,
+     "under NVTASKSET_BE_YIELD=gate, a --best-effort task queues its gate before every this many launches of a "
+     "stream: a latency-critical task that becomes busy waits behind at most that many of its kernels (each gate "
+     "costs the stream about 2.4 us; NVTASKSET_BE_DEPTH is then 16 unless set)"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }
@@ -190,7 +196,7 @@ enum class OnUnsupported : unsigned { kAbort, kWarn };
 enum class OnClusterMisfit : unsigned { kAbort, kWiden };
 enum class MpsOtherUser : unsigned { kWait, kFail };
 enum class SmCount : unsigned { kDevice, kPartition };
-enum class BeYield : unsigned { kHold, kFloor, kRun };
+enum class BeYield : unsigned { kHold, kFloor, kRun, kGate };
 enum class LcTopup : unsigned { kOn, kOff };
 
 template <Option O>
@@ -219,7 +225,7 @@ struct ChoiceOf<Option::kSmCount> {
 template <>
 struct ChoiceOf<Option::kBeYield> {
   using type = BeYield;
-  static constexpr const char* names[] = {"hold", "floor", "run"};
+  static constexpr const char* names[] = {"hold", "floor", "run", "gate"};
 };
 
 template <>
