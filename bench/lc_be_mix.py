@@ -108,6 +108,9 @@ ROLE_VARIANTS = {
                     f"BE stopped by its gate, one every 2 launches ({YIELD_ENV}=gate, NVTASKSET_BE_GATE_EVERY=2)"),
     "roles-gate-d64": ({YIELD_ENV: "gate", "NVTASKSET_BE_DEPTH": "64"},
                        f"BE stopped by its gate, 64 launches queued ({YIELD_ENV}=gate, NVTASKSET_BE_DEPTH=64)"),
+    "roles-gate2-d64": ({YIELD_ENV: "gate", "NVTASKSET_BE_GATE_EVERY": "2", "NVTASKSET_BE_DEPTH": "64"},
+                        f"BE stopped by its gate, one every 2 launches, 64 launches queued ({YIELD_ENV}=gate, "
+                        "NVTASKSET_BE_GATE_EVERY=2, NVTASKSET_BE_DEPTH=64)"),
 }
 # Other static shapes, LC -n L --exclusive / BE -n B --exclusive (only when named): how many TPCs the
 # LC task needs beyond its reservation to run at its speed alone there next to the BE task (the
