@@ -30,17 +30,7 @@
     }                                                                                \
   } while (0)
 
-__device__ __forceinline__ unsigned long long gtimer() {
-  unsigned long long t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
-__global__ void spin_for(unsigned long long ns) {
-  const unsigned long long start = gtimer();
-  while (gtimer() - start < ns) {
-  }
-}
+#include "gpu_timer.cuh"
 
 __global__ void tiny(int* p) {
   if (threadIdx.x == 0) p[blockIdx.x] = 1;
