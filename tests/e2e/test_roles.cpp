@@ -183,6 +183,20 @@ class Roles : public E2E {
     return out;
   }
 
+  // A best-effort task with `bad` in its environment: it runs its 3
+  // kernels and says one line, which holds `warning`.
+  ::testing::AssertionResult one_warning_and_runs(const Env& bad, const std::string& warning) {
+    Env env = env_;
+    for (const auto& [k, v] : bad) env[k] = v;
+    const Result r = run({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "3"}, env);
+    if (!ExitedWith(r, 0)) return ::testing::AssertionFailure() << r;
+    const auto ls = lines_of(r.err);
+    if (ls.size() != 1 || ls[0].find(warning) == std::string::npos)
+      return ::testing::AssertionFailure() << "not one line with \"" << warning << "\": " << r;
+    if (records_of(printed_pid(r.out)).size() != 3) return ::testing::AssertionFailure() << "not 3 kernels: " << r;
+    return ::testing::AssertionSuccess();
+  }
+
   std::string hold_;
 };
 
@@ -308,14 +322,8 @@ TEST_F(Roles, BestEffortGateStopsItsStreamOnTheGpuWhileTheLatencyCriticalTaskBur
 }
 
 TEST_F(Roles, BadGateSpacingIsOneWarningAndTheTaskRuns) {
-  Env env = env_;
-  env["NVTASKSET_BE_YIELD"] = "gate";
-  env["NVTASKSET_BE_GATE_EVERY"] = "65";
-  const Result r = run({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "3"}, env);
-  ASSERT_TRUE(ExitedWith(r, 0)) << r;
-  const auto ls = lines_of(r.err);
-  ASSERT_EQ(ls.size(), 1u) << r;
-  EXPECT_NE(ls[0].find("NVTASKSET_BE_GATE_EVERY: not a number from 1 to 64; using 4"), std::string::npos) << r;
+  EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_YIELD", "gate"}, {"NVTASKSET_BE_GATE_EVERY", "65"}},
+                                   "NVTASKSET_BE_GATE_EVERY: not a number from 1 to 64; using 4"));
 }
 
 // ---- (b) an LC task busy too long stops bursting: BE kernels run on the floor ----------
@@ -1066,13 +1074,8 @@ TEST_F(Roles, BestEffortOnItsFloorQueuesFloorDepthLaunches) {
 
 // A bad NVTASKSET_BE_FLOOR_DEPTH: one warning, and the default.
 TEST_F(Roles, BadFloorDepthIsOneWarningAndTheTaskRuns) {
-  Env env = env_;
-  env["NVTASKSET_BE_FLOOR_DEPTH"] = "0";
-  const Result r = run({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "3"}, env);
-  ASSERT_TRUE(ExitedWith(r, 0)) << r;
-  const auto ls = lines_of(r.err);
-  ASSERT_EQ(ls.size(), 1u) << r;
-  EXPECT_NE(ls[0].find("NVTASKSET_BE_FLOOR_DEPTH: not a number from 1 to 1024; using 16"), std::string::npos) << r;
+  EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_FLOOR_DEPTH", "0"}},
+                                   "NVTASKSET_BE_FLOOR_DEPTH: not a number from 1 to 1024; using 16"));
 }
 
 // NVTASKSET_BE_QUEUE_US: the queue is also bounded in time. With the BE's
@@ -1153,14 +1156,7 @@ TEST_F(Roles, BestEffortQueueIsBoundedInLearnedWork) {
 }
 
 TEST_F(Roles, BadWorkBoundIsOneWarningAndTheTaskRuns) {
-  Env env = env_;
-  env["NVTASKSET_BE_WORK_US"] = "2000000";
-  const Result r = run({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "3"}, env);
-  ASSERT_TRUE(ExitedWith(r, 0)) << r;
-  const auto ls = lines_of(r.err);
-  ASSERT_EQ(ls.size(), 1u) << r;
-  EXPECT_NE(ls[0].find("NVTASKSET_BE_WORK_US: not a number from 0 to 1000000"), std::string::npos) << r;
-  EXPECT_EQ(records_of(printed_pid(r.out)).size(), 3u);
+  EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_WORK_US", "2000000"}}, "NVTASKSET_BE_WORK_US: not a number from 0 to 1000000"));
 }
 
 TEST_F(Roles, BestEffortWithNoLatencyCriticalTaskQueuesFreely) {
