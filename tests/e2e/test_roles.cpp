@@ -302,13 +302,17 @@ TEST_F(Roles, BestEffortGateStopsItsStreamOnTheGpuWhileTheLatencyCriticalTaskBur
   const std::string closed = std::to_string(be->pid) + " wait 1 0";
   EXPECT_TRUE(wait_until([&] { return read_file(waits).find(closed) != std::string::npos; }, kStateWait))
       << read_file(waits);
-  // The LC task's work completes: the gate opens, and the BE's kernels run on every TPC.
+  // The LC task's work completes: the gate opens, and the BE's kernels run
+  // on every TPC again. (The LC task still launches every 20 ms: a BE launch
+  // made while one of those is in flight goes on the floor, as it should.)
   fs::remove(hold_);
   const std::size_t before = records_of(be->pid).size();
-  wait_until([&] { return records_of(be->pid).size() >= before + 3; }, kStateWait);
-  const auto recs = records_of(be->pid);
-  ASSERT_GE(recs.size(), before + 3);
-  EXPECT_TRUE(AllOn({recs.end() - 2, recs.end()}, kAll));
+  const auto all_again = [&] {
+    const auto recs = records_of(be->pid);
+    return std::any_of(recs.begin() + static_cast<std::ptrdiff_t>(std::min(before, recs.size())), recs.end(),
+                       [](const Record& r) { return r.mask == kAll && r.valid == 1; });
+  };
+  EXPECT_TRUE(wait_until(all_again, kStateWait)) << "no BE kernel on every TPC after the LC task went idle";
   const nlohmann::json t = wait_task(be->pid, [](const nlohmann::json& x) { return state(x) == "running"; }, "running");
   EXPECT_GE(counter(t, "launches_held"), 1u) << t.dump();  // the gate's closings
   EXPECT_GT(t["controller"].value("held_ms", 0.0), 0.0) << t.dump();
