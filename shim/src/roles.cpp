@@ -18,6 +18,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "nvtaskset/options.hpp"
@@ -117,12 +118,20 @@ bool create_events(CUevent* events, unsigned n, bool timing = false) noexcept {
   return true;
 }
 
+// A stream call for a launch on `s`: its _ptsz variant for a launch made
+// through a _ptsz entry point, or the per-thread default stream by its
+// handle where that variant is missing.
+template <class Fn>
+std::pair<Fn, CUstream> on_stream(const std::atomic<Fn>& plain, const std::atomic<Fn>& ptsz_fn, CUstream s,
+                                  bool per_thread) noexcept {
+  const Fn ptsz = ptsz_fn.load(std::memory_order_acquire);
+  if (per_thread && ptsz != nullptr) return {ptsz, s};
+  return {plain.load(std::memory_order_acquire), per_thread && s == nullptr ? CU_STREAM_PER_THREAD : s};
+}
+
 CUresult record(CUevent ev, CUstream s, bool per_thread) noexcept {
-  const EventRecordFn ptsz = g_drv.event_record_ptsz.load(std::memory_order_acquire);
-  if (per_thread && ptsz != nullptr) return ptsz(ev, s);
-  // The per-thread default stream by its handle, where the _ptsz variant is missing.
-  if (per_thread && s == nullptr) s = CU_STREAM_PER_THREAD;
-  return g_drv.event_record.load(std::memory_order_acquire)(ev, s);
+  const auto [f, st] = on_stream(g_drv.event_record, g_drv.event_record_ptsz, s, per_thread);
+  return f(ev, st);
 }
 
 // ---- what the callback reads: one seqlocked mask per region slot ---------------------
@@ -965,7 +974,6 @@ struct Gate {
   std::atomic<std::uint32_t>* word = nullptr;
   CUdeviceptr device_word = 0;
   bool failed = false;
-  std::atomic<bool> started{false};
   // Per stream, the launches since its last gate (a small table: two
   // streams in one lane share a count, so their gates come sooner, never later).
   struct Lane {
@@ -1038,7 +1046,6 @@ bool gate_ready() noexcept {
       g_gate.word = nullptr;  // (the page stays: a thread may have read the pointer)
     } else {
       ::pthread_detach(t);
-      g_gate.started.store(true, std::memory_order_release);
     }
   }
   if (!why.empty()) {
@@ -1065,9 +1072,7 @@ bool gate_before(CUstream s, bool per_thread) noexcept {
       if (capturing(s, per_thread)) {
         ok = false;  // work captured into a graph never ran here: hold it on the CPU
       } else {
-        const WaitValueFn ptsz = g_drv.wait_value_ptsz.load(std::memory_order_acquire);
-        CUstream st = per_thread && ptsz == nullptr && s == nullptr ? CU_STREAM_PER_THREAD : s;
-        const WaitValueFn f = per_thread && ptsz != nullptr ? ptsz : g_drv.wait_value.load(std::memory_order_acquire);
+        const auto [f, st] = on_stream(g_drv.wait_value, g_drv.wait_value_ptsz, s, per_thread);
         ok = f(st, g_gate.device_word, 0, kWaitValueEq) == CUDA_SUCCESS;
         if (ok) {
           if (ctl::Header* h = header()) bump(h->gates_queued);
@@ -1362,8 +1367,8 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
                                                             ? g_be.depth
                                                             : roles::WorkQueue::kRing - 1);
       // Bounded under hold, or when a bound was asked for.
-      g_be.bounded = g_be.yield == BeYield::kHold || g_be.yield == BeYield::kGate || option_value(Option::kBeDepth) != nullptr || g_be.queue_ns != 0 ||
-                     g_be.work != nullptr;
+      g_be.bounded = g_be.yield == BeYield::kHold || g_be.yield == BeYield::kGate ||
+                     option_value(Option::kBeDepth) != nullptr || g_be.queue_ns != 0 || g_be.work != nullptr;
       // One event per `stride` launches (a quarter of the depth; with a
       // time bound, as many as fit in 64), at most 64 events: the queue is
       // bounded to `depth` launches, give or take one stride. Every event
