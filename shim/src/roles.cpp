@@ -1098,7 +1098,10 @@ bool be_before_gate() {
   const roles::BeAction a = be_decide(now, probe);
   pthread_mutex_unlock(&g_be.mu);
   if (h) {
-    h->role_state.store(a == roles::BeAction::kRun ? 0 : a == roles::BeAction::kHold ? 1 : 2, std::memory_order_relaxed);
+    // "holding" only while the gate is closed: with the hold's budget spent
+    // the gatekeeper opens it, and the launch just runs on the floor.
+    const bool closed = g_gate.word != nullptr && g_gate.word->load(std::memory_order_acquire) == 1;
+    h->role_state.store(a == roles::BeAction::kRun ? 0 : closed ? 1 : 2, std::memory_order_relaxed);
     if (a != roles::BeAction::kRun) bump(h->launches_on_floor);
   }
   return a != roles::BeAction::kRun;
