@@ -70,6 +70,15 @@ std::vector<Sample> duty_cycle(std::uint64_t start, unsigned busy_ms, unsigned i
   return out;
 }
 
+// Feeds `samples` to `b` until it stops the burst: when it did (0: never).
+std::uint64_t first_stop(BurstBudget& b, const std::vector<Sample>& samples) {
+  for (const Sample& s : samples) {
+    b.advance(s.t, s.busy);
+    if (!b.may_burst()) return s.t;
+  }
+  return 0;
+}
+
 TEST(BurstBudget, LightLoadKeepsBursting) {
   // 5 ms of work every 50 ms (10%) for 4 s: never stopped.
   BurstBudget b;
@@ -370,14 +379,7 @@ TEST(BurstBudget, AClosedLoopIsStoppedByTheFastShareAndAnOpenLoopIsNot) {
   const BudgetParams p;
   BurstBudget b;
   b.advance(kT0, false);
-  std::uint64_t stopped = 0;
-  for (const Sample& s : duty_cycle(kT0, 19, 1, 100)) {
-    b.advance(s.t, s.busy);
-    if (!b.may_burst()) {
-      stopped = s.t;
-      break;
-    }
-  }
+  const std::uint64_t stopped = first_stop(b, duty_cycle(kT0, 19, 1, 100));
   ASSERT_NE(stopped, 0u);
   EXPECT_GE(stopped - kT0, 350 * kMs);
   EXPECT_LE(stopped - kT0, 420 * kMs);
@@ -388,14 +390,8 @@ TEST(BurstBudget, AClosedLoopIsStoppedByTheFastShareAndAnOpenLoopIsNot) {
   slow.fast_tau_ns = 0;
   BurstBudget c(slow);
   c.advance(kT0, false);
-  std::uint64_t slow_stop = 0;
-  for (const Sample& s : duty_cycle(kT0, 19, 1, 100)) {
-    c.advance(s.t, s.busy);
-    if (!c.may_burst()) {
-      slow_stop = s.t;
-      break;
-    }
-  }
+  const std::uint64_t slow_stop = first_stop(c, duty_cycle(kT0, 19, 1, 100));
+  ASSERT_NE(slow_stop, 0u);
   EXPECT_GE(slow_stop - kT0, 700 * kMs);
   // An open loop of GPT-2's bursts at 87 requests/s (2.3 ms a request, 20%
   // busy), with 50-ms stretches of back-to-back requests twice a second:
