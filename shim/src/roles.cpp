@@ -1003,7 +1003,7 @@ void* gatekeeper(void*) {
     g_be.probe_budget->advance(now, close && probe);
     const bool any = g_be.any_lc.load(std::memory_order_relaxed);
     pthread_mutex_unlock(&g_be.mu);
-    g_gate.word->store(close ? 1 : 0, std::memory_order_release);
+    // The counters first: whoever sees the gate open also sees its time closed.
     if (ctl::Header* h = header()) {
       if (close && closed_since == 0) {
         closed_since = now;
@@ -1016,6 +1016,7 @@ void* gatekeeper(void*) {
         h->role_state.compare_exchange_strong(held, a == roles::BeAction::kRun ? 0 : 2, std::memory_order_relaxed);
       }
     }
+    g_gate.word->store(close ? 1 : 0, std::memory_order_release);
     sleep_ns(any ? 20'000 : 2'000'000);
   }
   return nullptr;

@@ -313,13 +313,25 @@ TEST_F(Roles, BestEffortGateStopsItsStreamOnTheGpuWhileTheLatencyCriticalTaskBur
                        [](const Record& r) { return r.mask == kAll && r.valid == 1; });
   };
   EXPECT_TRUE(wait_until(all_again, kStateWait)) << "no BE kernel on every TPC after the LC task went idle";
-  const nlohmann::json t = wait_task(be->pid, [](const nlohmann::json& x) { return state(x) == "running"; }, "running");
+  wait_task(be->pid, [](const nlohmann::json& x) { return state(x) == "running"; }, "running");
+  // A gate queued open after the closed one (the first gate may be queued
+  // before the gatekeeper first closed it).
+  const std::string open = std::to_string(be->pid) + " wait 0 0";
+  EXPECT_TRUE(wait_until(
+      [&] {
+        const std::string w = read_file(waits);
+        const std::size_t c = w.find(closed);
+        return c != std::string::npos && w.find(open, c) != std::string::npos;
+      },
+      kStateWait))
+      << read_file(waits);
+  // The counters, once the launches that queued those gates are counted
+  // (each is bumped after its driver call returns).
+  const nlohmann::json t =
+      wait_task(be->pid, [](const nlohmann::json& x) { return counter(x, "gates_queued") >= 2; }, "gates_queued >= 2");
   EXPECT_GE(counter(t, "launches_held"), 1u) << t.dump();  // the gate's closings
   EXPECT_GT(t["controller"].value("held_ms", 0.0), 0.0) << t.dump();
   EXPECT_GE(counter(t, "gates_queued"), 2u) << t.dump();
-  const std::string open = std::to_string(be->pid) + " wait 0 0";
-  EXPECT_TRUE(wait_until([&] { return read_file(waits).find(open) != std::string::npos; }, kStateWait))
-      << read_file(waits);
   stop("be", *be);
   EXPECT_EQ(be->err().find("NVTASKSET_BE"), std::string::npos) << be->err();
   stop("lc", *lcp);
