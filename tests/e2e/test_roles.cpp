@@ -210,7 +210,9 @@ class Roles : public E2E {
 
 // ---- (a) a bursting LC task holds BE launches back; idle, it lends them everything ----
 
+// NVTASKSET_BE_YIELD=hold: the BE task's launches wait on the CPU.
 TEST_F(Roles, BestEffortHoldsWhileTheLatencyCriticalTaskBurstsThenRunsOnAllTpcs) {
+  env_["NVTASKSET_BE_YIELD"] = "hold";
   Proc* lcp = nullptr;
   const long lc = start_bursting_lc(&lcp);
   ASSERT_GT(lc, 0);
@@ -250,8 +252,8 @@ TEST_F(Roles, BestEffortHoldsWhileTheLatencyCriticalTaskBurstsThenRunsOnAllTpcs)
 }
 
 // NVTASKSET_BE_YIELD: while an LC task bursts, a BE task's launches go on
-// its floor (floor) or on all its TPCs (run) without waiting; hold, the
-// default, is the test above.
+// its floor (floor) or on all its TPCs (run) without waiting; hold is the
+// test above, gate (the default) the one below.
 TEST_F(Roles, BestEffortYieldsAsAskedWhileTheLatencyCriticalTaskBursts) {
   Proc* lcp = nullptr;
   const long lc = start_bursting_lc(&lcp);
@@ -266,21 +268,28 @@ TEST_F(Roles, BestEffortYieldsAsAskedWhileTheLatencyCriticalTaskBursts) {
     EXPECT_TRUE(AllOn(records_of(printed_pid(r.out)), mask)) << yield;
     EXPECT_EQ(state(task(lc)), "bursting") << yield;
   }
-  // A value that is none of them: one warning, and the default (hold).
+  // A value that is none of them: one warning, and the default (gate): the
+  // launch is made, on the floor, behind a gate the gatekeeper closed.
   Env env = env_;
   env["NVTASKSET_BE_YIELD"] = "later";
   Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "1", "--until-file", path("until.be"),
                     "--ready-file", path("ready.be")}, env);
+  EXPECT_TRUE(AllOn(wait_records(be.pid, 1), on(0xfc)));
   ASSERT_TRUE(wait_state(be.pid, "holding")) << be.err();
-  EXPECT_TRUE(records_of(be.pid).empty());
+  const nlohmann::json t =
+      wait_task(be.pid, [](const nlohmann::json& x) { return counter(x, "gates_queued") >= 1; }, "a gate queued");
+  EXPECT_GE(counter(t, "gates_queued"), 1u) << t.dump();
+  // The LC task's work completes: the gate opens, and the BE's kernels
+  // queued behind it complete (the task waits for them: its queue bound).
   fs::remove(hold_);
-  EXPECT_TRUE(AllOn(wait_records(be.pid, 1), kAll));
+  wait_task(be.pid, [](const nlohmann::json& x) { return state(x) == "running"; }, "running");
   stop("be", be);
-  EXPECT_NE(be.err().find("NVTASKSET_BE_YIELD: not hold, floor, run or gate; using hold"), std::string::npos) << be.err();
+  EXPECT_NE(be.err().find("NVTASKSET_BE_YIELD: not gate, hold, floor or run; using gate"), std::string::npos)
+      << be.err();
   stop("lc", *lcp);
 }
 
-// NVTASKSET_BE_YIELD=gate: while an LC task bursts, a BE task's launches
+// NVTASKSET_BE_YIELD=gate (the default): while an LC task bursts, a BE task's launches
 // are not held on the CPU: they go on its floor, queued behind a gate (a
 // wait on a word of its own mapped memory) that its gatekeeper closed; once
 // the LC task is idle the gate opens and its kernels run on every TPC again.
@@ -288,8 +297,7 @@ TEST_F(Roles, BestEffortGateStopsItsStreamOnTheGpuWhileTheLatencyCriticalTaskBur
   Proc* lcp = nullptr;
   const long lc = start_bursting_lc(&lcp);
   ASSERT_GT(lc, 0);
-  Env env = env_;
-  env["NVTASKSET_BE_YIELD"] = "gate";
+  Env env = env_;  // (the default: no NVTASKSET_BE_YIELD)
   const std::string waits = path("waits");
   env["FAKECUDA_WAITS"] = waits;
   Proc* be = nullptr;
@@ -339,7 +347,7 @@ TEST_F(Roles, BestEffortGateStopsItsStreamOnTheGpuWhileTheLatencyCriticalTaskBur
 
 TEST_F(Roles, BadGateSpacingIsOneWarningAndTheTaskRuns) {
   EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_YIELD", "gate"}, {"NVTASKSET_BE_GATE_EVERY", "65"}},
-                                   "NVTASKSET_BE_GATE_EVERY: not a number from 1 to 64; using 4"));
+                                   "NVTASKSET_BE_GATE_EVERY: not a number from 1 to 64; using 2"));
 }
 
 // ---- (b) an LC task busy too long stops bursting: BE kernels run on the floor ----------
@@ -868,8 +876,11 @@ TEST_F(Roles, ReservationKeepsWhatABestEffortTaskLaunchedOnItsFloor) {
 
 // ---- (f) a dead LC task holds nothing back ---------------------------------------------
 
+// Held on the CPU (NVTASKSET_BE_YIELD=hold): the BE task's launches are
+// made once the LC task is dead. The gate's case is the next test.
 TEST_F(Roles, KilledLatencyCriticalTaskReleasesEverything) {
   env_["NVTASKSET_TEST_BURST_MS"] = "600000";
+  env_["NVTASKSET_BE_YIELD"] = "hold";
   touch(hold_);
   Proc* lp = nullptr;
   const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp);
@@ -896,6 +907,39 @@ TEST_F(Roles, KilledLatencyCriticalTaskReleasesEverything) {
   const Result again = run({kCli, "--no-mps", "-t", "0-1", "--latency-critical", "touch", marker});
   EXPECT_TRUE(ExitedWith(again, 0)) << again;
   EXPECT_TRUE(exists(marker));
+}
+
+// Under the gate (the default) the BE task's launches are made while the LC
+// task bursts, on its floor, behind a gate its gatekeeper closed; once the
+// LC task is dead the gatekeeper sees it (its liveness check) and opens the
+// gate, and the task's launches run on every TPC again.
+TEST_F(Roles, KilledLatencyCriticalTaskOpensTheGate) {
+  env_["NVTASKSET_TEST_BURST_MS"] = "600000";
+  // The stand-in keeps every kernel running while the hold file exists, the
+  // BE's own too: a queue this deep never waits for them.
+  env_["NVTASKSET_BE_DEPTH"] = "1024";
+  touch(hold_);
+  Proc* lp = nullptr;
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp);
+  ASSERT_GT(lc, 0);
+  ASSERT_TRUE(wait_state(lc, "bursting"));
+  Proc* bp = nullptr;
+  const long be = start_task({"--best-effort"}, "be", &bp);
+  ASSERT_GT(be, 0);
+  ASSERT_TRUE(wait_state(be, "holding"));
+  EXPECT_TRUE(AllOn(records_of(be), on(0xfc)));
+  // Closed, and never opened yet: its time closed is counted when it opens.
+  EXPECT_EQ(task(be)["controller"].value("held_ms", -1.0), 0.0);
+
+  lp->kill_group();
+  const nlohmann::json t = wait_task(
+      be, [](const nlohmann::json& x) { return state(x) == "running" && x["controller"].value("held_ms", 0.0) > 0; },
+      "running, with the gate opened");
+  EXPECT_GE(counter(t, "launches_held"), 1u) << t.dump();
+  const std::size_t from = records().size();
+  EXPECT_TRUE(AllOn(records_after(be, from, 0, 2), kAll));
+  stop("be", *bp);
+  EXPECT_EQ(bp->err().find("NVTASKSET_BE"), std::string::npos) << bp->err();
 }
 
 // ---- (g) a stopped LC task is stale: BE tasks keep off it without waiting ----------------

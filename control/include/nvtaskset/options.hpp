@@ -93,16 +93,17 @@ inline constexpr OptionDesc kOptions[] = {
      "set by nvtaskset --latency-critical or --best-effort for the task (roles.hpp)"},
     {Option::kBurstPool, "NVTASKSET_BURST_POOL", OptionKind::kInternal, "", false,
      "set by nvtaskset --latency-critical: every working TPC of each GPU, which the task may burst onto"},
-    {Option::kBeDepth, "NVTASKSET_BE_DEPTH", OptionKind::kNumber, "1-1024, default 4", true,
+    {Option::kBeDepth, "NVTASKSET_BE_DEPTH", OptionKind::kNumber, "1-1024, default 16 (4 under hold)", true,
      "while a latency-critical task exists, a --best-effort task keeps at most this many launches queued on the "
      "GPU, so that it gives the GPU back to it within that many kernels"},
     {Option::kTestBurstMs, "NVTASKSET_TEST_BURST_MS", OptionKind::kInternal, "", false,
      "FOR TESTS ONLY: a latency-critical task bursts for up to this many ms in a row whatever its share of time "
      "busy, and a best-effort task holds for it as long, so that tests can observe a burst without timing"},
-    {Option::kBeYield, "NVTASKSET_BE_YIELD", OptionKind::kChoice, "hold|floor|run|gate", true,
-     "what a --best-effort task's launches do while a latency-critical task bursts: wait for it, go on the TPCs "
-     "outside its reservation, go on as if it were idle, or go on the floor queued behind a gate on the GPU that "
-     "stops its stream while the latency-critical task is busy (the CPU keeps launching; NVTASKSET_BE_GATE_EVERY)"},
+    {Option::kBeYield, "NVTASKSET_BE_YIELD", OptionKind::kChoice, "gate|hold|floor|run", true,
+     "what a --best-effort task's launches do while a latency-critical task bursts: go on the floor queued behind "
+     "a gate on the GPU that stops its stream while the latency-critical task is busy (the CPU keeps launching; "
+     "NVTASKSET_BE_GATE_EVERY), wait on the CPU, go on the TPCs outside its reservation, or go on as if it were "
+     "idle"},
     {Option::kBeQueueUs, "NVTASKSET_BE_QUEUE_US", OptionKind::kNumber, "0-1000000, default 0", true,
      "while a latency-critical task exists, a --best-effort task's next launch also waits while its oldest "
      "launch still queued was queued more than this many microseconds ago (0: no such bound; "
@@ -126,10 +127,10 @@ inline constexpr OptionDesc kOptions[] = {
      "a --best-effort task's launches on its floor (every busy latency-critical task saturated) keep at most this "
      "many launches queued instead of NVTASKSET_BE_DEPTH: they keep off the reservations, so nothing waits behind "
      "them for TPCs (not with NVTASKSET_BE_QUEUE_US or NVTASKSET_BE_WORK_US)"},
-    {Option::kBeGateEvery, "NVTASKSET_BE_GATE_EVERY", OptionKind::kNumber, "1-64, default 4", true,
-     "under NVTASKSET_BE_YIELD=gate, a --best-effort task queues its gate before every this many launches of a "
+    {Option::kBeGateEvery, "NVTASKSET_BE_GATE_EVERY", OptionKind::kNumber, "1-64, default 2", true,
+     "under NVTASKSET_BE_YIELD=gate (the default), a --best-effort task queues its gate before every this many launches of a "
      "stream: a latency-critical task that becomes busy waits behind at most that many of its kernels (each gate "
-     "costs the stream about 2.4 us; NVTASKSET_BE_DEPTH is then 16 unless set)"},
+     "costs the stream about 2.4 us)"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }
@@ -196,7 +197,7 @@ enum class OnUnsupported : unsigned { kAbort, kWarn };
 enum class OnClusterMisfit : unsigned { kAbort, kWiden };
 enum class MpsOtherUser : unsigned { kWait, kFail };
 enum class SmCount : unsigned { kDevice, kPartition };
-enum class BeYield : unsigned { kHold, kFloor, kRun, kGate };
+enum class BeYield : unsigned { kGate, kHold, kFloor, kRun };
 enum class LcTopup : unsigned { kOn, kOff };
 
 template <Option O>
@@ -225,7 +226,7 @@ struct ChoiceOf<Option::kSmCount> {
 template <>
 struct ChoiceOf<Option::kBeYield> {
   using type = BeYield;
-  static constexpr const char* names[] = {"hold", "floor", "run", "gate"};
+  static constexpr const char* names[] = {"gate", "hold", "floor", "run"};
 };
 
 template <>
