@@ -3,12 +3,16 @@
 """What the best-effort role costs a training loop by itself, and which part of it: GPT-2-medium
 training (bench/lc_be_mix.py's best-effort task) with no latency-critical task doing anything, so
 that every difference is the shim's own doing, side by side in one run, configurations
-interleaved round by round.
+interleaved round by round. Each run also reports the CPU seconds its process used per second
+(all threads: the gatekeeper's wake-ups included).
 
   plain        a plain process
   role         nvtaskset --best-effort, no LC task (its queue is its own)
   role+lc      the same next to an idle LC task (nvtaskset -n 16 --latency-critical, one kernel
-               launched, then asleep): the queue is bounded to NVTASKSET_BE_DEPTH launches (4)
+               launched, then asleep): the queue is bounded to NVTASKSET_BE_DEPTH launches (16),
+               a gate queued every 2 launches (never closed: the LC task is idle)
+  role+lc hold NVTASKSET_BE_YIELD=hold: no gate; the queue is 4 launches ("hold d16": 16)
+  role+lc gN   a gate every N launches (NVTASKSET_BE_GATE_EVERY=N); "g2 d64": 64 launches queued
   role+lc dN   the same with NVTASKSET_BE_DEPTH=N (an event every N/4 launches, at most 64 events)
   role+lc t500 NVTASKSET_BE_DEPTH=256 and NVTASKSET_BE_QUEUE_US=500
   role+lc wN   NVTASKSET_BE_WORK_US=N: at most N us of work queued, in learned kernel durations
@@ -40,11 +44,13 @@ def worker(steps):
     for _ in range(3):
         step()
     torch.cuda.synchronize()
-    t = time.monotonic()
+    t, c = time.monotonic(), time.process_time()
     for _ in range(steps):
         step()
     torch.cuda.synchronize()
-    print(json.dumps({"its": steps / (time.monotonic() - t)}), flush=True)
+    wall = time.monotonic() - t
+    # CPU seconds of all the process's threads (the shim's gatekeeper included) per second
+    print(json.dumps({"its": steps / wall, "cpu": (time.process_time() - c) / wall}), flush=True)
 
 
 IDLE_LC = "import torch, time; torch.zeros(1, device='cuda'); torch.cuda.synchronize(); print('ready', flush=True); time.sleep(3600)"
@@ -63,7 +69,11 @@ def main():
     be = [sys.executable, HERE, "_worker", str(a.steps)]
     role = [nv, "--no-mps", "--best-effort"]
     alone = [("plain", [], {}), ("role", role, {})]
-    variants = [("role+lc", {}), ("role+lc d16", {"NVTASKSET_BE_DEPTH": "16"}),
+    hold = {"NVTASKSET_BE_YIELD": "hold"}
+    variants = [("role+lc", {}), ("role+lc hold", hold), ("role+lc hold d16", {**hold, "NVTASKSET_BE_DEPTH": "16"}),
+                ("role+lc g1", {"NVTASKSET_BE_GATE_EVERY": "1"}), ("role+lc g4", {"NVTASKSET_BE_GATE_EVERY": "4"}),
+                ("role+lc g2 d64", {"NVTASKSET_BE_DEPTH": "64"}),
+                ("role+lc d16", {"NVTASKSET_BE_DEPTH": "16"}),
                 ("role+lc d64", {"NVTASKSET_BE_DEPTH": "64"}), ("role+lc d1024", {"NVTASKSET_BE_DEPTH": "1024"}),
                 ("role+lc t500", {"NVTASKSET_BE_DEPTH": "256", "NVTASKSET_BE_QUEUE_US": "500"}),
                 ("role+lc w250", {"NVTASKSET_BE_WORK_US": "250"}), ("role+lc w500", {"NVTASKSET_BE_WORK_US": "500"}),
@@ -77,17 +87,20 @@ def main():
         alone = [c for c in alone if c[0] in keep]
         beside = [c for c in beside if c[0] in keep]
     got = {name: [] for name, _, _ in alone + beside}
+    cpus = {name: [] for name, _, _ in alone + beside}
 
     def run(name, prefix, env):
         e = dict(os.environ, **env)
         try:
             p = subprocess.run(prefix + be, env=e, capture_output=True, text=True, timeout=a.timeout)
-            its = json.loads(p.stdout.strip().splitlines()[-1])["its"]
+            res = json.loads(p.stdout.strip().splitlines()[-1])
+            its, cpu = res["its"], res["cpu"]
         except (subprocess.TimeoutExpired, ValueError, IndexError, KeyError) as x:
             print(f"  {name}: failed ({type(x).__name__}) {getattr(x, 'stderr', '') or ''}"[-400:], flush=True)
             return
         got[name].append(its)
-        print(f"  {name}: {its:.2f} it/s", flush=True)
+        cpus[name].append(cpu)
+        print(f"  {name}: {its:.2f} it/s, {cpu:.2f} CPU s/s", flush=True)
 
     for r in range(a.rounds):
         print(f"round {r + 1}/{a.rounds}", flush=True)
@@ -107,14 +120,14 @@ def main():
             lc.kill()
             lc.wait()
     base = statistics.median(got["plain"]) if got["plain"] else None
-    print("\nconfiguration    it/s median [min-max]   x plain")
+    print("\nconfiguration       it/s median [min-max]   x plain   CPU s/s (all threads)")
     for name, xs in got.items():
         if not xs:
-            print(f"  {name:15s} -")
+            print(f"  {name:18s} -")
             continue
         m = statistics.median(xs)
         ratio = f"{m / base:.3f}" if base else "-"
-        print(f"  {name:15s} {m:6.2f} [{min(xs):.2f}-{max(xs):.2f}]   {ratio}")
+        print(f"  {name:18s} {m:6.2f} [{min(xs):.2f}-{max(xs):.2f}]   {ratio:7s}   {statistics.median(cpus[name]):.2f}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ of its own (one start of both workers, every DEPTH x KERNEL in a random order), 
 order random in each of --rounds rounds:
   roles: LC `nvtaskset -n 16 --latency-critical`, BE `nvtaskset --best-effort` (with
          NVTASKSET_BE_DEPTH=N when --be-depth N is given; else the shim's default);
+  roles-hold (only with --arms): the same with the BE's NVTASKSET_BE_YIELD=hold, its launches
+         held on the CPU instead of stopped by the default gate on the GPU;
   plain: LC `nvtaskset -t 0-15`, BE `nvtaskset -t 0-65` (no roles: the LC waits behind the BE's
          queue), as in the mode above before its `-p`.
 Both are MPS clients of the same private daemon. The BE runs its DEPTH-deep matmul loop without
@@ -71,10 +73,15 @@ SHRUNK_S, GROWN_S = 2.0, 2.5
 # (seconds): starting both workers of a visit (torch, 1 GB of BE operands, the LC's graph), the
 # pause after, a BE switching DEPTH x KERNEL (it finishes its batch first) and settling, the end
 # of a visit, the daemon and the checks.
-ARMS = {
+ALL_ARMS = {
     "roles": (["-n", "16", "--latency-critical"], ["--best-effort"]),
+    "roles-hold": (["-n", "16", "--latency-critical"], ["--best-effort"]),
     "plain": (["-t", LC_TPCS], ["-t", BE_ALL]),
 }
+# The BE's environment in an arm, beyond --be-depth: roles-hold holds its launches on the CPU
+# instead of the default gate on the GPU.
+ARM_BE_ENV = {"roles-hold": {"NVTASKSET_BE_YIELD": "hold"}}
+ARMS = {k: ALL_ARMS[k] for k in ("roles", "plain")}  # --arms
 ROLE_OPTION = "--latency-critical"
 BE_DEPTH_ENV = "NVTASKSET_BE_DEPTH"
 R_STARTUP_S, R_SETTLE_S, R_SWITCH_S, R_TEARDOWN_S, R_FIXED_S = 15, 1.0, 1.0, 3, 10
@@ -97,6 +104,9 @@ def parse_args(argv):
     r.add_argument("--gap-ms", default="20,60", help="LC idle gap before each probe, uniform LO,HI (default %(default)s)")
     r.add_argument("--be-depth", type=int, default=None,
                    help=f"{BE_DEPTH_ENV} for the roles arm's BE (launches in flight, 1-1024; default: unset)")
+    r.add_argument("--arms", default="roles,plain",
+                   help=f"comma-separated, of {','.join(ALL_ARMS)} (default %(default)s; roles-hold: "
+                        "NVTASKSET_BE_YIELD=hold)")
     r.add_argument("--seed", type=int, default=None, help="orders and gaps (default: random, printed)")
     r.add_argument("--budget-s", type=float, default=290, help="start no visit that would end after this (default %(default)s)")
     p.add_argument("role", nargs="?", choices=["lc", "be", "lcprobe", "bectl"], help=argparse.SUPPRESS)
@@ -129,6 +139,11 @@ def parse_args(argv):
         p.error("--be-depth takes 1..1024")
     if not a.budget_s > 0:
         p.error("--budget-s must be positive")
+    arms = [x for x in a.arms.split(",") if x]
+    if not arms or len(set(arms)) != len(arms) or any(x not in ALL_ARMS for x in arms):
+        p.error(f"--arms takes some of {','.join(ALL_ARMS)}, each once: {a.arms!r}")
+    global ARMS
+    ARMS = {k: ALL_ARMS[k] for k in arms}
     if a.seed is None:
         a.seed = random.randrange(10**6)
     return a
@@ -418,10 +433,17 @@ def roles_estimate_s(a):
     return R_FIXED_S + a.rounds * len(ARMS) * roles_visit_s(a, len(roles_configs(a)), R_STARTUP_S)
 
 
+def roles_be_env(a, arm):
+    e = dict(ARM_BE_ENV.get(arm, {}))
+    if arm.startswith("roles") and a.be_depth is not None:
+        e[BE_DEPTH_ENV] = str(a.be_depth)
+    return e
+
+
 def roles_env(a, base, arm, role):
     e = dict(base)
-    if arm == "roles" and role == "be" and a.be_depth is not None:
-        e[BE_DEPTH_ENV] = str(a.be_depth)
+    if role == "be":
+        e.update(roles_be_env(a, arm))
     return e
 
 
@@ -433,7 +455,7 @@ def roles_cmd(a, arm, role, log, stop=None, extra=()):
 
 
 def roles_show(a, arm, role):
-    env = f"{BE_DEPTH_ENV}={a.be_depth} " if arm == "roles" and role == "be" and a.be_depth is not None else ""
+    env = "".join(f"{k}={v} " for k, v in roles_be_env(a, arm).items()) if role == "be" else ""
     return env + " ".join(["nvtaskset", *ARMS[arm][0 if role == "lc" else 1]])
 
 
