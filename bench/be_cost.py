@@ -12,7 +12,8 @@ interleaved round by round. Each run also reports the CPU seconds its process us
                launched, then asleep): the queue is bounded to NVTASKSET_BE_DEPTH launches (16),
                a gate queued every 2 launches (never closed: the LC task is idle)
   role+lc hold NVTASKSET_BE_YIELD=hold: no gate; the queue is 4 launches ("hold d16": 16)
-  role+lc gN   a gate every N launches (NVTASKSET_BE_GATE_EVERY=N); "g2 d64": 64 launches queued
+  role+lc gN   a gate every N launches (NVTASKSET_BE_GATE_EVERY=N; g64: gates rare, the gatekeeper
+               as often); "g2 d64": 64 launches queued
   role+lc dN   the same with NVTASKSET_BE_DEPTH=N (an event every N/4 launches, at most 64 events)
   role+lc t500 NVTASKSET_BE_DEPTH=256 and NVTASKSET_BE_QUEUE_US=500
   role+lc wN   NVTASKSET_BE_WORK_US=N: at most N us of work queued, in learned kernel durations
@@ -72,6 +73,7 @@ def main():
     hold = {"NVTASKSET_BE_YIELD": "hold"}
     variants = [("role+lc", {}), ("role+lc hold", hold), ("role+lc hold d16", {**hold, "NVTASKSET_BE_DEPTH": "16"}),
                 ("role+lc g1", {"NVTASKSET_BE_GATE_EVERY": "1"}), ("role+lc g4", {"NVTASKSET_BE_GATE_EVERY": "4"}),
+                ("role+lc g64", {"NVTASKSET_BE_GATE_EVERY": "64"}),
                 ("role+lc g2 d64", {"NVTASKSET_BE_DEPTH": "64"}),
                 ("role+lc d16", {"NVTASKSET_BE_DEPTH": "16"}),
                 ("role+lc d64", {"NVTASKSET_BE_DEPTH": "64"}), ("role+lc d1024", {"NVTASKSET_BE_DEPTH": "1024"}),
