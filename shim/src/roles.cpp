@@ -969,7 +969,6 @@ constexpr unsigned kDefaultGateEvery = 2;
 // saturated by the time the gate opens.
 constexpr unsigned kDefaultGateDepth = 16;
 constexpr unsigned kGateLanes = 16;
-constexpr std::uint32_t kNoDecision = ~0u;
 
 struct Gate {
   bool on = false;        // NVTASKSET_BE_YIELD=gate, and the driver has the calls
@@ -979,10 +978,6 @@ struct Gate {
   std::atomic<std::uint32_t>* word = nullptr;
   CUdeviceptr device_word = 0;
   bool failed = false;
-  // The gatekeeper's latest decision (a roles::BeAction; kNoDecision until
-  // its first), published before the word: a launch reads it instead of
-  // deciding under g_be.mu itself.
-  std::atomic<std::uint32_t> decision{kNoDecision};
   // Per stream, the launches since its last gate (a small table: two
   // streams in one lane share a count, so their gates come sooner, never later).
   struct Lane {
@@ -1012,11 +1007,6 @@ void* gatekeeper(void*) {
     g_be.probe_budget->advance(now, close && probe);
     const bool any = g_be.any_lc.load(std::memory_order_relaxed);
     pthread_mutex_unlock(&g_be.mu);
-    // The decision before the word: a launch that reads "hold" goes on the
-    // floor, so no launch made after the word closed gets the whole
-    // partition (it would run over the reservation if the budget then
-    // opened the gate while the LC task is still busy).
-    g_gate.decision.store(static_cast<std::uint32_t>(a), std::memory_order_release);
     // The counters first: whoever sees the gate open also sees its time closed.
     if (ctl::Header* h = header()) {
       if (close && closed_since == 0) {
@@ -1103,29 +1093,15 @@ bool gate_before(CUstream s, bool per_thread) noexcept {
 
 // Before a best-effort kernel launch under the gate: no wait on the CPU. A
 // launch an LC task's burst would hold goes on the floor, behind the gate;
-// one the floor would take goes there. True when the launch must run on the
-// floor. Once the gatekeeper runs, the launch takes its decision (at most
-// one 20-us poll old: an LC task that became busy since may see one more
-// BE kernel on its TPCs, as one that becomes busy just after a launch
-// does) instead of deciding under g_be.mu: the gatekeeper takes that lock
-// every 20 us, and a launching thread that finds it taken sleeps in the
-// kernel, leaving the GPU idle between short kernels. Next to an idle LC
-// task the gate cost GPT-2-medium training 5-11% against the hold with the
-// same queue, and as much with a gate every 64 launches (H200, runs 73-74).
+// one the floor would take goes there. True when the launch must run on the floor.
 bool be_before_gate() {
   ctl::Header* h = header();
-  roles::BeAction a;
-  const std::uint32_t d = g_gate.decision.load(std::memory_order_acquire);
-  if (d != kNoDecision) {
-    a = static_cast<roles::BeAction>(d);
-  } else {
-    pthread_mutex_lock(&g_be.mu);
-    const std::uint64_t now = roles::monotonic_ns();
-    be_refresh(now);
-    bool probe = false;
-    a = be_decide(now, probe);
-    pthread_mutex_unlock(&g_be.mu);
-  }
+  pthread_mutex_lock(&g_be.mu);
+  const std::uint64_t now = roles::monotonic_ns();
+  be_refresh(now);
+  bool probe = false;
+  const roles::BeAction a = be_decide(now, probe);
+  pthread_mutex_unlock(&g_be.mu);
   if (h) {
     // "holding" only while the gate is closed: with the hold's budget spent
     // the gatekeeper opens it, and the launch just runs on the floor.
@@ -1524,7 +1500,6 @@ void atfork_child() noexcept {
   // The parent's gatekeeper is not in the child: no gate there.
   g_gate.word = nullptr;
   g_gate.failed = true;
-  g_gate.decision.store(kNoDecision, std::memory_order_relaxed);  // nobody updates it here
   g_captures.store(0, std::memory_order_relaxed);
   g_ctl_calls.store(0, std::memory_order_relaxed);
 }
