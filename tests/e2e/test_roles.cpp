@@ -879,13 +879,10 @@ TEST_F(Roles, ReservationKeepsWhatABestEffortTaskLaunchedOnItsFloor) {
 // Held on the CPU (NVTASKSET_BE_YIELD=hold): the BE task's launches are
 // made once the LC task is dead. The gate's case is the next test.
 TEST_F(Roles, KilledLatencyCriticalTaskReleasesEverything) {
-  env_["NVTASKSET_TEST_BURST_MS"] = "600000";
   env_["NVTASKSET_BE_YIELD"] = "hold";
-  touch(hold_);
   Proc* lp = nullptr;
-  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp);
+  const long lc = start_bursting_lc(&lp);
   ASSERT_GT(lc, 0);
-  ASSERT_TRUE(wait_state(lc, "bursting"));
   Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "2"});
   ASSERT_TRUE(wait_state(be.pid, "holding"));
   EXPECT_EQ(beacons_of(lc).size(), 1u);
@@ -914,15 +911,12 @@ TEST_F(Roles, KilledLatencyCriticalTaskReleasesEverything) {
 // LC task is dead the gatekeeper sees it (its liveness check) and opens the
 // gate, and the task's launches run on every TPC again.
 TEST_F(Roles, KilledLatencyCriticalTaskOpensTheGate) {
-  env_["NVTASKSET_TEST_BURST_MS"] = "600000";
   // The stand-in keeps every kernel running while the hold file exists, the
   // BE's own too: a queue this deep never waits for them.
   env_["NVTASKSET_BE_DEPTH"] = "1024";
-  touch(hold_);
   Proc* lp = nullptr;
-  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp);
+  const long lc = start_bursting_lc(&lp);
   ASSERT_GT(lc, 0);
-  ASSERT_TRUE(wait_state(lc, "bursting"));
   Proc* bp = nullptr;
   const long be = start_task({"--best-effort"}, "be", &bp);
   ASSERT_GT(be, 0);
@@ -945,16 +939,13 @@ TEST_F(Roles, KilledLatencyCriticalTaskOpensTheGate) {
 // ---- (g) a stopped LC task is stale: BE tasks keep off it without waiting ----------------
 
 TEST_F(Roles, StoppedLatencyCriticalTaskIsStaleAndBestEffortRunsOnItsFloor) {
-  env_["NVTASKSET_TEST_BURST_MS"] = "600000";
   // The stand-in keeps every kernel launched while the hold file exists
   // running, the BE's own too: with a short queue the BE would wait for its
   // own kernels (queue_waits) and never launch again to be held.
   env_["NVTASKSET_BE_DEPTH"] = "1024";
-  touch(hold_);
   Proc* lp = nullptr;
-  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp);
+  const long lc = start_bursting_lc(&lp);
   ASSERT_GT(lc, 0);
-  ASSERT_TRUE(wait_state(lc, "bursting"));
   ASSERT_EQ(::kill(-lc, SIGSTOP), 0);
   ASSERT_TRUE(wait_state(lc, "stale"));
   const Result text = run({kCli, "--status"});
