@@ -83,7 +83,7 @@ BE_ROLE_ALONE = "be-alone-role"
 # blocks to the BE's).
 PRIO_ENV, YIELD_ENV = "CUDA_MPS_CLIENT_PRIORITY", "NVTASKSET_BE_YIELD"
 # A --best-effort task's launches in flight while an LC task exists (nvtaskset's options.hpp:
-# 1-1024, default 4); --be-depth sets it for every roles setup's BE.
+# 1-1024, default 16 under the gate, 4 under the hold); --be-depth sets it for every roles setup's BE.
 BE_DEPTH_ENV = "NVTASKSET_BE_DEPTH"
 MPS_BE_LOW = "mps-be-low"
 # name -> (the BE's environment beyond the roles setup's, what it is)
