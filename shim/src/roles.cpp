@@ -632,8 +632,8 @@ struct BeState {
   // strides), or `floor_back` for a launch on the floor
   // (NVTASKSET_BE_FLOOR_DEPTH; 0: as any other).
   unsigned back = 4, floor_back = 0;
-  // NVTASKSET_BE_YIELD; and whether the queue is bounded at all (hold, or a
-  // depth or a time bound asked for).
+  // NVTASKSET_BE_YIELD; and whether the queue is bounded at all (gate or
+  // hold, or a depth or a time bound asked for).
   BeYield yield = BeYield::kGate;
   bool bounded = true;
   CUcontext ctx = nullptr;
@@ -978,8 +978,9 @@ struct Gate {
   std::atomic<std::uint32_t>* word = nullptr;
   CUdeviceptr device_word = 0;
   bool failed = false;
-  // Per stream, the launches since its last gate (a small table: two
-  // streams in one lane share a count, so their gates come sooner, never later).
+  // Per stream, the launches since its last gate (a small table: a stream
+  // that takes a lane from another starts again with a gate, so two
+  // streams in one lane get their gates sooner, never later).
   struct Lane {
     CUstream s = nullptr;
     bool per_thread = false;
@@ -1374,7 +1375,7 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
         g_be.work = new roles::WorkQueue(w.value * 1000, option_value(Option::kBeDepth) != nullptr
                                                             ? g_be.depth
                                                             : roles::WorkQueue::kRing - 1);
-      // Bounded under hold, or when a bound was asked for.
+      // Bounded under gate or hold, or when a bound was asked for.
       g_be.bounded = g_be.yield == BeYield::kHold || g_be.yield == BeYield::kGate ||
                      option_value(Option::kBeDepth) != nullptr || g_be.queue_ns != 0 || g_be.work != nullptr;
       // One event per `stride` launches (a quarter of the depth; with a
