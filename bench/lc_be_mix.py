@@ -83,7 +83,7 @@ BE_ROLE_ALONE = "be-alone-role"
 # blocks to the BE's).
 PRIO_ENV, YIELD_ENV = "CUDA_MPS_CLIENT_PRIORITY", "NVTASKSET_BE_YIELD"
 # A --best-effort task's launches in flight while an LC task exists (nvtaskset's options.hpp:
-# 1-1024, default 16 under the gate, 4 under the hold); --be-depth sets it for every roles setup's BE.
+# 1-1024, default 1024 under the gate, 4 under the hold); --be-depth sets it for every roles setup's BE.
 BE_DEPTH_ENV = "NVTASKSET_BE_DEPTH"
 MPS_BE_LOW = "mps-be-low"
 # name -> (the BE's environment beyond the roles setup's, what it is)
@@ -114,6 +114,12 @@ ROLE_VARIANTS = {
     "roles-gate2-d64": ({YIELD_ENV: "gate", "NVTASKSET_BE_GATE_EVERY": "2", "NVTASKSET_BE_DEPTH": "64"},
                         f"BE stopped by its gate, one every 2 launches, 64 launches queued ({YIELD_ENV}=gate, "
                         "NVTASKSET_BE_GATE_EVERY=2, NVTASKSET_BE_DEPTH=64)"),
+    "roles-d16f16": ({BE_DEPTH_ENV: "16", "NVTASKSET_BE_FLOOR_DEPTH": "16"},
+                     f"BE queue of 16 launches, 16 on its floor (the gate's defaults before run 77; {BE_DEPTH_ENV}=16, "
+                     "NVTASKSET_BE_FLOOR_DEPTH=16)"),
+    "roles-deep": ({BE_DEPTH_ENV: "1024", "NVTASKSET_BE_FLOOR_DEPTH": "1024"},
+                   f"BE stopped by its gate, 1024 launches queued, on its floor too ({BE_DEPTH_ENV}=1024, "
+                   "NVTASKSET_BE_FLOOR_DEPTH=1024)"),
 }
 # Other static shapes, LC -n L --exclusive / BE -n B --exclusive (only when named): how many TPCs the
 # LC task needs beyond its reservation to run at its speed alone there next to the BE task (the

@@ -618,6 +618,11 @@ struct BeState {
   // Whether any LC task was seen at the last refresh: with none, the queue is
   // not bounded (nothing would wait behind it), and the task gets everything.
   std::atomic<bool> any_lc{false};
+  // Whether be_refresh ran once: before, any_lc says nothing.
+  std::atomic<bool> looked{false};
+  // Launches held on the CPU now (a graph's under the gate): "holding" is
+  // theirs, and the gatekeeper leaves it.
+  std::atomic<unsigned> cpu_holds{0};
   std::uint64_t next_check = 0, next_scan = 0, next_alive = 0;
   std::int64_t stamp = -1;
   std::uint64_t epoch = ~0ull;
@@ -632,6 +637,10 @@ struct BeState {
   // strides), or `floor_back` for a launch on the floor
   // (NVTASKSET_BE_FLOOR_DEPTH; 0: as any other).
   unsigned back = 4, floor_back = 0;
+  // Whether NVTASKSET_BE_DEPTH and NVTASKSET_BE_FLOOR_DEPTH were given (a
+  // gate that cannot be made falls back to the hold's defaults otherwise).
+  bool depth_given = false, floor_given = false;
+  unsigned floor_depth = kDefaultBeFloorDepth;
   // NVTASKSET_BE_YIELD; and whether the queue is bounded at all (gate or
   // hold, or a depth or a time bound asked for).
   BeYield yield = BeYield::kGate;
@@ -651,6 +660,31 @@ struct BeState {
   std::atomic<bool> unchained{false};
 };
 constinit BeState g_be{};
+
+// The queue's events for at most `depth` launches, and `floor_depth` on the
+// floor (every busy LC task saturated). Set once the role is known, and again
+// under g_be.qmu when the gate falls back to the hold.
+void size_queue(unsigned depth, unsigned floor_depth) noexcept {
+  g_be.depth = depth;
+  g_be.floor_depth = floor_depth;
+  // One event per `stride` launches (a quarter of the depth; with a time
+  // bound, as many as fit in 64), at most 64 events: the queue is bounded to
+  // `depth` launches, give or take one stride. Every event recorded is a
+  // driver call on the launch path.
+  g_be.stride = g_be.queue_ns != 0 ? (depth + 63) / 64 : std::max(depth / 4, (depth + 63) / 64);
+  if (g_be.stride == 0) g_be.stride = 1;
+  g_be.ring = (depth + g_be.stride - 1) / g_be.stride;
+  if (g_be.ring == 0) g_be.ring = 1;
+  g_be.back = g_be.ring;
+  // On the floor: at most `floor_depth` launches, in the same strides, in a
+  // ring that holds both (at most 64 events).
+  g_be.floor_back = 0;
+  if (g_be.queue_ns == 0) {
+    const unsigned fb = std::min(64u, (floor_depth + g_be.stride - 1) / g_be.stride);
+    g_be.floor_back = std::max(fb, 1u);
+    g_be.ring = std::max(g_be.ring, g_be.floor_back);
+  }
+}
 
 // The largest cluster a floor of slot `sp` hosts (0: not known): by the
 // map of its GPU; on a slot for any GPU, the least any map allows.
@@ -706,6 +740,7 @@ void be_refresh(std::uint64_t now) {
     }
   }
   g_be.any_lc.store(!g_be.peers->empty(), std::memory_order_release);
+  g_be.looked.store(true, std::memory_order_release);
   g_be.topup_gens = topup_gens();
   const ctl::Header* h = header();
   const std::uint64_t epoch = h != nullptr ? h->epoch.load(std::memory_order_acquire) : 0;
@@ -780,6 +815,7 @@ bool be_before(CUstream, bool, bool graph) {
     // A hold for probes only counts against its own bound (kProbeHoldBudget).
     probe = probe && a == roles::BeAction::kHold;
     if (!(probe ? g_be.probe_budget : g_be.hold_budget)->may_burst()) break;
+    if (!held) g_be.cpu_holds.fetch_add(1, std::memory_order_relaxed);
     held = true;
     if (h) h->role_state.store(1, std::memory_order_relaxed);
     pthread_mutex_unlock(&g_be.mu);
@@ -792,6 +828,7 @@ bool be_before(CUstream, bool, bool graph) {
     a = yielded(be_decide(now, probe));
   }
   pthread_mutex_unlock(&g_be.mu);
+  if (held) g_be.cpu_holds.fetch_sub(1, std::memory_order_relaxed);
   if (h) {
     if (held) {
       bump(h->launches_held);
@@ -962,12 +999,17 @@ constexpr unsigned kHostAllocDeviceMap = 0x2; // CU_MEMHOSTALLOC_DEVICEMAP
 // on an H100 it gave the training 13-15 points more than the hold at the same
 // or a better tail, where every launch gave less of both (run 72).
 constexpr unsigned kDefaultGateEvery = 2;
-// Under the gate the queue no longer sets the give-back, so it is deeper by
-// default: 16 launches cost the training 3-6% next to an idle LC task where
-// 4 cost 22% (H100, runs 40-41). Not deeper: launches queued while the LC
-// task was idle keep all the TPCs, and run over its reservation if it has
-// saturated by the time the gate opens.
-constexpr unsigned kDefaultGateDepth = 16;
+// Under the gate the queue no longer sets the give-back (an LC request waits
+// behind the kernels before the next gate, not behind the queue), so it is
+// as deep as the option allows, on the floor too: next to an idle LC task a
+// queue of 16 behind gates cost GPT-2-medium training 12% of its throughput
+// and 1024 nothing (0.88 and 1.00 of a plain process, H100, run 76), and on
+// the mix 1024 gave the training 8 points more at both open-loop rates and
+// the same closed-loop tail (run 77). Its price: launches queued while the
+// LC task was idle keep all the TPCs, and run over its reservation if it
+// has saturated by the time the gate opens (at most this queue, once per
+// saturation; docs/design.md, "Known limits").
+constexpr unsigned kDefaultGateDepth = 1024;
 constexpr unsigned kGateLanes = 16;
 
 struct Gate {
@@ -1014,11 +1056,15 @@ void* gatekeeper(void*) {
         closed_since = now;
         bump(h->launches_held);
         h->role_state.store(1, std::memory_order_relaxed);
-      } else if (!close && closed_since != 0) {
-        bump(h->held_ns, now - closed_since);
+      } else if (!close) {
+        if (closed_since != 0) bump(h->held_ns, now - closed_since);
         closed_since = 0;
+        // "holding" ends with the gate closed. Every time, not only when it
+        // opens: the word is created closed (gate_ready), and a launch that
+        // read it closed may store "holding" just after the gate opened.
         std::uint32_t held = 1;
-        h->role_state.compare_exchange_strong(held, a == roles::BeAction::kRun ? 0 : 2, std::memory_order_relaxed);
+        if (g_be.cpu_holds.load(std::memory_order_relaxed) == 0)
+          h->role_state.compare_exchange_strong(held, a == roles::BeAction::kRun ? 0 : 2, std::memory_order_relaxed);
       }
     }
     g_gate.word->store(close ? 1 : 0, std::memory_order_release);
@@ -1044,7 +1090,10 @@ bool gate_ready() noexcept {
   else if (g_drv.host_device_ptr.load(std::memory_order_acquire)(&d, host, 0) != CUDA_SUCCESS || d == 0)
     why = "no device address for its mapped host memory";
   if (why.empty()) {
-    g_gate.word = new (host) std::atomic<std::uint32_t>(0);
+    // Closed until the gatekeeper's first decision, a few microseconds
+    // away: a gate queued open before it would let the task's first kernel
+    // run beside a bursting LC task's (a test caught it: "wait 0 0").
+    g_gate.word = new (host) std::atomic<std::uint32_t>(1);
     g_gate.device_word = d;
     pthread_t t;
     if (::pthread_create(&t, nullptr, &gatekeeper, nullptr) != 0) {
@@ -1056,7 +1105,12 @@ bool gate_ready() noexcept {
   }
   if (!why.empty()) {
     g_gate.failed = true;
-    warn(("NVTASKSET_BE_YIELD=gate: " + why + "; its launches wait on the CPU instead (hold)").c_str());
+    // Behind no gate the queue is what an LC request waits behind: the
+    // hold's queue, unless one was asked for.
+    size_queue(g_be.depth_given ? g_be.depth : kDefaultBeDepth,
+               g_be.floor_given ? g_be.floor_depth : kDefaultBeFloorDepth);
+    warn(("--best-effort: " + why + "; its launches wait on the CPU instead of behind a gate (NVTASKSET_BE_YIELD=hold)")
+             .c_str());
     return false;
   }
   return true;
@@ -1066,6 +1120,19 @@ bool gate_ready() noexcept {
 // since its last one reached NVTASKSET_BE_GATE_EVERY (its first launch gets
 // one). False when the gate cannot be used (the launch then holds on the CPU).
 bool gate_before(CUstream s, bool per_thread) noexcept {
+  if (!g_be.looked.load(std::memory_order_acquire)) {
+    // The task's first launch: look for LC tasks now, or it would go
+    // ungated beside one that bursts.
+    pthread_mutex_lock(&g_be.mu);
+    bool ok = true;
+    try {
+      be_refresh(roles::monotonic_ns());
+    } catch (const std::exception&) {
+      ok = false;  // (an allocation): the launch holds on the CPU, which looks again
+    }
+    pthread_mutex_unlock(&g_be.mu);
+    if (!ok) return false;
+  }
   if (!g_be.any_lc.load(std::memory_order_acquire)) return true;  // nothing to make way for
   if (g_captures.load(std::memory_order_acquire) != 0) return false;
   pthread_mutex_lock(&g_be.qmu);
@@ -1353,8 +1420,8 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
         if (g_drv.host_alloc.load(std::memory_order_acquire) == nullptr ||
             g_drv.host_device_ptr.load(std::memory_order_acquire) == nullptr ||
             g_drv.wait_value.load(std::memory_order_acquire) == nullptr)
-          warn("NVTASKSET_BE_YIELD=gate: the driver has no cuStreamWaitValue32_v2 or mapped host memory; its launches "
-               "wait on the CPU instead (hold)");
+          warn("--best-effort: the driver has no cuStreamWaitValue32_v2 or mapped host memory; its launches wait on "
+               "the CPU instead of behind a gate (NVTASKSET_BE_YIELD=hold)");
         else
           g_gate.on = true;
       }
@@ -1378,24 +1445,13 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
       // Bounded under gate or hold, or when a bound was asked for.
       g_be.bounded = g_be.yield == BeYield::kHold || g_be.yield == BeYield::kGate ||
                      option_value(Option::kBeDepth) != nullptr || g_be.queue_ns != 0 || g_be.work != nullptr;
-      // One event per `stride` launches (a quarter of the depth; with a
-      // time bound, as many as fit in 64), at most 64 events: the queue is
-      // bounded to `depth` launches, give or take one stride. Every event
-      // recorded is a driver call on the launch path.
-      g_be.stride = g_be.queue_ns != 0 ? (g_be.depth + 63) / 64 : std::max(g_be.depth / 4, (g_be.depth + 63) / 64);
-      if (g_be.stride == 0) g_be.stride = 1;
-      g_be.ring = (g_be.depth + g_be.stride - 1) / g_be.stride;
-      if (g_be.ring == 0) g_be.ring = 1;
-      g_be.back = g_be.ring;
-      // On the floor: at most NVTASKSET_BE_FLOOR_DEPTH launches, in the
-      // same strides, in a ring that holds both (at most 64 events).
-      const NumberValue fd = number(Option::kBeFloorDepth, 1, 1024, kDefaultBeFloorDepth);
-      if (fd.bad) warn("NVTASKSET_BE_FLOOR_DEPTH: not a number from 1 to 1024; using 16");
-      if (g_be.queue_ns == 0) {
-        const unsigned fb = std::min(64u, static_cast<unsigned>((fd.value + g_be.stride - 1) / g_be.stride));
-        g_be.floor_back = std::max(fb, 1u);
-        g_be.ring = std::max(g_be.ring, g_be.floor_back);
-      }
+      const unsigned floor_default = g_gate.on ? kDefaultGateDepth : kDefaultBeFloorDepth;
+      const NumberValue fd = number(Option::kBeFloorDepth, 1, 1024, floor_default);
+      if (fd.bad)
+        warn(("NVTASKSET_BE_FLOOR_DEPTH: not a number from 1 to 1024; using " + std::to_string(floor_default)).c_str());
+      g_be.depth_given = option_value(Option::kBeDepth) != nullptr && !d.bad;
+      g_be.floor_given = option_value(Option::kBeFloorDepth) != nullptr && !fd.bad;
+      size_queue(g_be.depth, static_cast<unsigned>(fd.value));
     }
   } catch (const std::exception& e) {
     warn((std::string(roles::role_name(r)) + ": " + e.what() + "; the task runs without its role").c_str());

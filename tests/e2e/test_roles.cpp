@@ -345,6 +345,32 @@ TEST_F(Roles, BestEffortGateStopsItsStreamOnTheGpuWhileTheLatencyCriticalTaskBur
   stop("lc", *lcp);
 }
 
+// A task's first launch is gated too: no LC task has been looked for
+// before it, and a launch made without its gate while an LC task bursts
+// would run at once (on the floor, but over the burst). One launch next to a
+// bursting LC task: its gate is queued closed, and the kernel waits behind
+// it until the LC task is idle.
+TEST_F(Roles, BestEffortFirstLaunchIsQueuedBehindItsGate) {
+  Proc* lcp = nullptr;
+  const long lc = start_bursting_lc(&lcp);
+  ASSERT_GT(lc, 0);
+  Env env = env_;
+  const std::string waits = path("waits");
+  env["FAKECUDA_WAITS"] = waits;
+  Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "1", "--idle-until", path("until.be"),
+                    "--ready-file", path("ready.be")},
+                   env);
+  ASSERT_GT(wait_ready(path("ready.be"), be), 0);
+  const nlohmann::json t =
+      wait_task(be.pid, [](const nlohmann::json& x) { return x.value("kernels_launched", 0) == 1; }, "1 launch");
+  EXPECT_EQ(counter(t, "gates_queued"), 1u) << t.dump();
+  EXPECT_EQ(read_file(waits), std::to_string(be.pid) + " wait 1 0\n");
+  EXPECT_TRUE(AllOn(records_of(be.pid), on(0xfc)));
+  fs::remove(hold_);
+  stop("be", be);
+  stop("lc", *lcp);
+}
+
 TEST_F(Roles, BadGateSpacingIsOneWarningAndTheTaskRuns) {
   EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_YIELD", "gate"}, {"NVTASKSET_BE_GATE_EVERY", "65"}},
                                    "NVTASKSET_BE_GATE_EVERY: not a number from 1 to 64; using 2"));
@@ -1123,10 +1149,80 @@ TEST_F(Roles, BestEffortOnItsFloorQueuesFloorDepthLaunches) {
   stop("lc", *lcp);
 }
 
-// A bad NVTASKSET_BE_FLOOR_DEPTH: one warning, and the default.
+// A bad NVTASKSET_BE_FLOOR_DEPTH: one warning, and the default (1024 under
+// the gate, 16 under the hold).
 TEST_F(Roles, BadFloorDepthIsOneWarningAndTheTaskRuns) {
   EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_FLOOR_DEPTH", "0"}},
+                                   "NVTASKSET_BE_FLOOR_DEPTH: not a number from 1 to 1024; using 1024"));
+  EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_YIELD", "hold"}, {"NVTASKSET_BE_FLOOR_DEPTH", "0"}},
                                    "NVTASKSET_BE_FLOOR_DEPTH: not a number from 1 to 1024; using 16"));
+}
+
+// Under the gate (the default) an LC request waits behind the kernels
+// before the next gate, not behind the queue, so the queue is 1024 launches
+// deep by default (next to an idle LC task a queue of 16 cost GPT-2-medium
+// training 12%: docs/results.md, run 76). Under the hold the queue is the
+// give-back, 4 launches. The kernels held "running", next to an idle LC task:
+// 40 launches queue without a wait behind the gate; under the hold the task
+// waits once 4 are queued.
+TEST_F(Roles, BestEffortQueueIsDeepBehindItsGateAndShallowUnderTheHold) {
+  Proc* lp = nullptr;
+  ASSERT_GT(start_idle_lc_then_hold(&lp), 0);
+  Proc& gated = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "40", "--idle-until",
+                       path("until.gated"), "--ready-file", path("ready.gated")});
+  ASSERT_GT(wait_ready(path("ready.gated"), gated), 0);
+  EXPECT_EQ(wait_records(gated.pid, 40).size(), 40u);
+  const nlohmann::json tg = wait_task(
+      gated.pid, [](const nlohmann::json& x) { return x.value("kernels_launched", 0) == 40; }, "40 launches");
+  EXPECT_EQ(counter(tg, "queue_waits"), 0u) << tg.dump();
+  EXPECT_GE(counter(tg, "gates_queued"), 20u) << tg.dump();  // one every 2 launches
+
+  Env env = env_;
+  env["NVTASKSET_BE_YIELD"] = "hold";
+  Proc& held = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "10"}, env);
+  const nlohmann::json th =
+      wait_task(held.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
+  const auto queued = records_of(held.pid);
+  EXPECT_GE(queued.size(), 4u);
+  EXPECT_LE(queued.size(), 5u);
+  EXPECT_EQ(counter(th, "gates_queued"), 0u) << th.dump();
+  fs::remove(hold_);
+  EXPECT_TRUE(ExitedWith(held.wait(), 0));
+  EXPECT_TRUE(AllOn(records_of(held.pid), kAll));
+  stop("gated", gated);
+  EXPECT_TRUE(AllOn(records_of(gated.pid), kAll));
+  stop("lc", *lp);
+}
+
+// A gate that cannot be made (here: no mapped host memory, which is pinned
+// and can run out) gives one warning that says so, and the hold with the
+// hold's queue: the queue is then what an LC request waits behind. The
+// kernels held "running", next to an idle LC task, the task waits once 4
+// are queued, and queues no gate.
+TEST_F(Roles, GateThatCannotBeMadeFallsBackToTheHoldWithItsQueue) {
+  Proc* lp = nullptr;
+  ASSERT_GT(start_idle_lc_then_hold(&lp), 0);
+  Env env = env_;
+  env["FAKECUDA_HOST_ALLOC"] = "fail";
+  Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "10"}, env);
+  const nlohmann::json t =
+      wait_task(be.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
+  const auto queued = records_of(be.pid);
+  EXPECT_GE(queued.size(), 4u);
+  EXPECT_LE(queued.size(), 5u);
+  EXPECT_EQ(counter(t, "gates_queued"), 0u) << t.dump();
+  fs::remove(hold_);
+  const Result r = be.wait();
+  EXPECT_TRUE(ExitedWith(r, 0)) << r;
+  const auto ls = lines_of(r.err);
+  ASSERT_EQ(ls.size(), 1u) << r;
+  EXPECT_NE(ls[0].find("--best-effort: cannot allocate mapped host memory; its launches wait on the CPU instead of "
+                       "behind a gate (NVTASKSET_BE_YIELD=hold)"),
+            std::string::npos)
+      << r;
+  EXPECT_EQ(records_of(be.pid).size(), 10u);
+  EXPECT_TRUE(AllOn(records_of(be.pid), kAll));
+  stop("lc", *lp);
 }
 
 // NVTASKSET_BE_QUEUE_US: the queue is also bounded in time. With the BE's

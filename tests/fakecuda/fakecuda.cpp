@@ -38,6 +38,9 @@
 //                          held work" below)
 //   FAKECUDA_WAITS         file; each cuStreamWaitValue32_v2 appends
 //                          "<pid> wait <the word then> <the value waited for>"
+//   FAKECUDA_HOST_ALLOC    fail: cuMemHostAlloc returns
+//                          CUDA_ERROR_OUT_OF_MEMORY (pinned memory is a
+//                          limited resource; a shim must cope without it)
 // CUDA_VISIBLE_DEVICES is read at the first cuInit, as the driver does
 // (CUDA C Programming Guide, "CUDA Environment Variables"): a comma-separated
 // list of device indices or full UUIDs selects and orders the devices the
@@ -210,6 +213,7 @@ struct Config {
   std::string hold_path;           // FAKECUDA_HOLD
   std::uint64_t kernel_ns = 0;     // FAKECUDA_KERNEL_US, on the virtual GPU clock
   std::string waits_path;          // FAKECUDA_WAITS
+  bool host_alloc_fails = false;   // FAKECUDA_HOST_ALLOC=fail
 };
 
 long parse_int(const char* name, const char* v, long lo, long hi) {
@@ -258,6 +262,10 @@ Config load_config() {
   if (const char* v = std::getenv("FAKECUDA_RECORD")) c.record_path = v;
   if (const char* v = std::getenv("FAKECUDA_HOLD")) c.hold_path = v;
   if (const char* v = std::getenv("FAKECUDA_WAITS")) c.waits_path = v;
+  if (const char* v = std::getenv("FAKECUDA_HOST_ALLOC")) {
+    if (std::string_view(v) != "fail") fatal("FAKECUDA_HOST_ALLOC must be fail, not", v);
+    c.host_alloc_fails = true;
+  }
   if (const char* v = std::getenv("FAKECUDA_KERNEL_US"))
     c.kernel_ns = static_cast<std::uint64_t>(parse_int("FAKECUDA_KERNEL_US", v, 0, 1'000'000)) * 1000;
   const unsigned tpcs = c.sm_count / 2;
@@ -1541,6 +1549,7 @@ CUresult CUDAAPI cuEventSynchronize(CUevent e) {
 __attribute__((visibility("default"))) CUresult CUDAAPI cuMemHostAlloc(void** pp, size_t bytes, unsigned int) {
   if (!pp) return CUDA_ERROR_INVALID_VALUE;
   if (CUresult r = check_init()) return r;
+  if (config().host_alloc_fails) return CUDA_ERROR_OUT_OF_MEMORY;
   void* mem = nullptr;
   if (::posix_memalign(&mem, 4096, bytes ? bytes : 1) != 0) return CUDA_ERROR_OUT_OF_MEMORY;
   std::memset(mem, 0, bytes ? bytes : 1);
