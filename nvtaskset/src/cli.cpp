@@ -252,7 +252,7 @@ int run(int argc, char** argv) {
                "run the command on all TPCs (or those given) while every latency-critical task is idle; while one "
                "has work, its stream stops on the GPU at its next gate (one every 2 launches) and its new kernels "
                "go on the TPCs no reservation holds; while one exists, it keeps at most NVTASKSET_BE_DEPTH "
-               "launches queued (16); under MPS it is a below-normal priority client (CUDA_MPS_CLIENT_PRIORITY=1)");
+               "launches queued (64); under MPS it is a below-normal priority client (CUDA_MPS_CLIENT_PRIORITY=1)");
   app.add_flag("-a,--all-tasks", o.all_tasks, "with -p: the task and every process it started that runs under nvtaskset");
   app.add_flag("--status", o.status, "list every partitioned task on this machine (with --json: as JSON)");
   app.add_flag("-v,--verbose", o.verbose, "say which TPCs -n chose");

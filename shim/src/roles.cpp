@@ -1000,16 +1000,18 @@ constexpr unsigned kHostAllocDeviceMap = 0x2; // CU_MEMHOSTALLOC_DEVICEMAP
 // or a better tail, where every launch gave less of both (run 72).
 constexpr unsigned kDefaultGateEvery = 2;
 // Under the gate the queue no longer sets the give-back (an LC request waits
-// behind the kernels before the next gate, not behind the queue), so it is
-// as deep as the option allows, on the floor too: next to an idle LC task a
-// queue of 16 behind gates cost GPT-2-medium training 12% of its throughput
-// and 1024 nothing (0.88 and 1.00 of a plain process, H100, run 76), and on
-// the mix 1024 gave the training 8 points more at both open-loop rates and
-// the same closed-loop tail (run 77). Its price: launches queued while the
-// LC task was idle keep all the TPCs, and run over its reservation if it
-// has saturated by the time the gate opens (at most this queue, once per
-// saturation; docs/design.md, "Known limits").
-constexpr unsigned kDefaultGateDepth = 1024;
+// behind the kernels before the next gate, not behind the queue: an LC probe
+// waited as long behind 1.5- and 6-ms matmuls with 1024 launches queued as
+// with 16, H200, run 80), so it is deeper, on the floor too. Next to an idle
+// LC task 16 launches cost GPT-2-medium training 12% of its throughput, 64
+// 4%, 1024 nothing (H100, run 76). On the mix (H100 run 77, H200 runs 79-81)
+// 1024 gave the training 6-8 points more than 16 at every rate, but at 44
+// requests/s the LC p99 0.17-0.30x more; 64 kept 16's tail there (1.57-1.60x
+// against 1.49-1.59x) and most of 1024's gains at 87 requests/s and in the
+// closed loop. Launches queued while the LC task was idle keep all the TPCs,
+// and run over its reservation if it has saturated by the time the gate
+// opens (at most this queue, once per saturation; docs/design.md).
+constexpr unsigned kDefaultGateDepth = 64;
 constexpr unsigned kGateLanes = 16;
 
 struct Gate {

@@ -1149,20 +1149,20 @@ TEST_F(Roles, BestEffortOnItsFloorQueuesFloorDepthLaunches) {
   stop("lc", *lcp);
 }
 
-// A bad NVTASKSET_BE_FLOOR_DEPTH: one warning, and the default (1024 under
+// A bad NVTASKSET_BE_FLOOR_DEPTH: one warning, and the default (64 under
 // the gate, 16 under the hold).
 TEST_F(Roles, BadFloorDepthIsOneWarningAndTheTaskRuns) {
   EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_FLOOR_DEPTH", "0"}},
-                                   "NVTASKSET_BE_FLOOR_DEPTH: not a number from 1 to 1024; using 1024"));
+                                   "NVTASKSET_BE_FLOOR_DEPTH: not a number from 1 to 1024; using 64"));
   EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_YIELD", "hold"}, {"NVTASKSET_BE_FLOOR_DEPTH", "0"}},
                                    "NVTASKSET_BE_FLOOR_DEPTH: not a number from 1 to 1024; using 16"));
 }
 
 // Under the gate (the default) an LC request waits behind the kernels
-// before the next gate, not behind the queue, so the queue is 1024 launches
+// before the next gate, not behind the queue, so the queue is 64 launches
 // deep by default (next to an idle LC task a queue of 16 cost GPT-2-medium
-// training 12%: docs/results.md, run 76). Under the hold the queue is the
-// give-back, 4 launches. The kernels held "running", next to an idle LC task:
+// training 12%, 64 4%: docs/results.md, run 76). Under the hold the queue is
+// the give-back, 4 launches. The kernels held "running", next to an idle LC task:
 // 40 launches queue without a wait behind the gate; under the hold the task
 // waits once 4 are queued.
 TEST_F(Roles, BestEffortQueueIsDeepBehindItsGateAndShallowUnderTheHold) {

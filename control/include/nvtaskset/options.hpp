@@ -93,9 +93,10 @@ inline constexpr OptionDesc kOptions[] = {
      "set by nvtaskset --latency-critical or --best-effort for the task (roles.hpp)"},
     {Option::kBurstPool, "NVTASKSET_BURST_POOL", OptionKind::kInternal, "", false,
      "set by nvtaskset --latency-critical: every working TPC of each GPU, which the task may burst onto"},
-    {Option::kBeDepth, "NVTASKSET_BE_DEPTH", OptionKind::kNumber, "1-1024, default 16 (4 under hold)", true,
+    {Option::kBeDepth, "NVTASKSET_BE_DEPTH", OptionKind::kNumber, "1-1024, default 64 (4 under hold)", true,
      "while a latency-critical task exists, a --best-effort task keeps at most this many launches queued on the "
-     "GPU, so that it gives the GPU back to it within that many kernels"},
+     "GPU: under the hold it gives the GPU back within that many kernels; under the gate, within the kernels "
+     "before its next gate, and the queue bounds what keeps every TPC once the latency-critical task saturates"},
     {Option::kTestBurstMs, "NVTASKSET_TEST_BURST_MS", OptionKind::kInternal, "", false,
      "FOR TESTS ONLY: a latency-critical task bursts for up to this many ms in a row whatever its share of time "
      "busy, and a best-effort task holds for it as long, so that tests can observe a burst without timing"},
@@ -123,7 +124,7 @@ inline constexpr OptionDesc kOptions[] = {
     {Option::kTestTopup, "NVTASKSET_TEST_TOPUP", OptionKind::kInternal, "", false,
      "FOR TESTS ONLY: a latency-critical task whose burst stopped takes this many TPCs beyond its reservation, "
      "without timing anything, so that tests can check where each task's kernels go"},
-    {Option::kBeFloorDepth, "NVTASKSET_BE_FLOOR_DEPTH", OptionKind::kNumber, "1-1024, default 16", true,
+    {Option::kBeFloorDepth, "NVTASKSET_BE_FLOOR_DEPTH", OptionKind::kNumber, "1-1024, default 64 (16 under hold)", true,
      "a --best-effort task's launches on its floor (every busy latency-critical task saturated) keep at most this "
      "many launches queued instead of NVTASKSET_BE_DEPTH: they keep off the reservations, so nothing waits behind "
      "them for TPCs (not with NVTASKSET_BE_QUEUE_US or NVTASKSET_BE_WORK_US)"},
