@@ -9,7 +9,7 @@ interleaved round by round. Each run also reports the CPU seconds its process us
   plain        a plain process
   role         nvtaskset --best-effort, no LC task (its queue is its own)
   role+lc      the same next to an idle LC task (nvtaskset -n 16 --latency-critical, one kernel
-               launched, then asleep): the queue is bounded to NVTASKSET_BE_DEPTH launches (16),
+               launched, then asleep): the queue is bounded to NVTASKSET_BE_DEPTH launches (64),
                a gate queued every 2 launches (never closed: the LC task is idle)
   role+lc hold NVTASKSET_BE_YIELD=hold: no gate; the queue is 4 launches ("hold d16": 16)
   role+lc gN   a gate every N launches (NVTASKSET_BE_GATE_EVERY=N; g64: gates rare, the gatekeeper

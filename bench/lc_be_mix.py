@@ -117,6 +117,8 @@ ROLE_VARIANTS = {
     "roles-d16f16": ({BE_DEPTH_ENV: "16", "NVTASKSET_BE_FLOOR_DEPTH": "16"},
                      f"BE queue of 16 launches, 16 on its floor (the gate's defaults before run 77; {BE_DEPTH_ENV}=16, "
                      "NVTASKSET_BE_FLOOR_DEPTH=16)"),
+    "roles-d64f64": ({BE_DEPTH_ENV: "64", "NVTASKSET_BE_FLOOR_DEPTH": "64"},
+                     f"BE queue of 64 launches, 64 on its floor ({BE_DEPTH_ENV}=64, NVTASKSET_BE_FLOOR_DEPTH=64)"),
     "roles-deep": ({BE_DEPTH_ENV: "1024", "NVTASKSET_BE_FLOOR_DEPTH": "1024"},
                    f"BE stopped by its gate, 1024 launches queued, on its floor too ({BE_DEPTH_ENV}=1024, "
                    "NVTASKSET_BE_FLOOR_DEPTH=1024)"),
