@@ -90,6 +90,22 @@ class Roles : public E2E {
     touch(hold_);
     return lc;
   }
+  // A BE task of 10 launches (with `env`) whose kernels stay "running"
+  // (hold_ exists): its status entry once it waited for its queue, which
+  // then holds 4 of them, give or take the one launch that found it full
+  // (a queue of 4: nothing more until they run).
+  nlohmann::json be_waiting_at_four(const Env& env, Proc** out) {
+    Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "10"}, env);
+    *out = &be;
+    const nlohmann::json t =
+        wait_task(be.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
+    const auto queued = records_of(be.pid);
+    EXPECT_GE(queued.size(), 4u);
+    EXPECT_LE(queued.size(), 5u);
+    EXPECT_EQ(t.value("kernels_launched", 0UL), queued.size()) << t.dump();
+    EXPECT_EQ(counter(t, "queue_waits"), 1u) << t.dump();
+    return t;
+  }
   // An idle LC task whose kernels from then on stay "running"
   // (start_idle_lc_then_hold), and a BE task with `extra` in its
   // environment that launches every 20 ms ("until.be"); the BE task, or
@@ -1070,16 +1086,9 @@ TEST_F(Roles, BestEffortKeepsAtMostDepthLaunchesQueued) {
   ASSERT_GT(start_idle_lc_then_hold(&lp), 0);
   Env env = env_;
   env["NVTASKSET_BE_DEPTH"] = "4";
-  Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "10"}, env);
-  const nlohmann::json t =
-      wait_task(be.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
-  // It waits for its oldest launch once 4 are queued (give or take the one
-  // launch that found the queue full): nothing more until they run.
-  const auto queued = records_of(be.pid);
-  EXPECT_GE(queued.size(), 4u);
-  EXPECT_LE(queued.size(), 5u);
-  EXPECT_EQ(t.value("kernels_launched", 0UL), queued.size()) << t.dump();
-  EXPECT_EQ(counter(t, "queue_waits"), 1u) << t.dump();
+  Proc* bp = nullptr;
+  const nlohmann::json t = be_waiting_at_four(env, &bp);
+  Proc& be = *bp;
   EXPECT_EQ(state(t), "running") << t.dump();
   EXPECT_TRUE(be.running());
   fs::remove(hold_);
@@ -1135,13 +1144,9 @@ TEST_F(Roles, BestEffortOnItsFloorQueuesFloorDepthLaunches) {
   EXPECT_EQ(state(td), "floor") << td.dump();
 
   env["NVTASKSET_BE_FLOOR_DEPTH"] = "4";
-  Proc& shallow = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "10"}, env);
-  const nlohmann::json ts =
-      wait_task(shallow.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
-  const auto queued = records_of(shallow.pid);
-  EXPECT_GE(queued.size(), 4u);
-  EXPECT_LE(queued.size(), 5u);
-  EXPECT_EQ(counter(ts, "queue_waits"), 1u) << ts.dump();
+  Proc* sp = nullptr;
+  be_waiting_at_four(env, &sp);
+  Proc& shallow = *sp;
   ASSERT_EQ(state(task(lc)), "saturated");
   fs::remove(hold_);
   EXPECT_TRUE(ExitedWith(shallow.wait(), 0));
@@ -1179,12 +1184,9 @@ TEST_F(Roles, BestEffortQueueIsDeepBehindItsGateAndShallowUnderTheHold) {
 
   Env env = env_;
   env["NVTASKSET_BE_YIELD"] = "hold";
-  Proc& held = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "10"}, env);
-  const nlohmann::json th =
-      wait_task(held.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
-  const auto queued = records_of(held.pid);
-  EXPECT_GE(queued.size(), 4u);
-  EXPECT_LE(queued.size(), 5u);
+  Proc* hp = nullptr;
+  const nlohmann::json th = be_waiting_at_four(env, &hp);
+  Proc& held = *hp;
   EXPECT_EQ(counter(th, "gates_queued"), 0u) << th.dump();
   fs::remove(hold_);
   EXPECT_TRUE(ExitedWith(held.wait(), 0));
@@ -1204,12 +1206,9 @@ TEST_F(Roles, GateThatCannotBeMadeFallsBackToTheHoldWithItsQueue) {
   ASSERT_GT(start_idle_lc_then_hold(&lp), 0);
   Env env = env_;
   env["FAKECUDA_HOST_ALLOC"] = "fail";
-  Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "10"}, env);
-  const nlohmann::json t =
-      wait_task(be.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
-  const auto queued = records_of(be.pid);
-  EXPECT_GE(queued.size(), 4u);
-  EXPECT_LE(queued.size(), 5u);
+  Proc* bp = nullptr;
+  const nlohmann::json t = be_waiting_at_four(env, &bp);
+  Proc& be = *bp;
   EXPECT_EQ(counter(t, "gates_queued"), 0u) << t.dump();
   fs::remove(hold_);
   const Result r = be.wait();
