@@ -713,8 +713,9 @@ std::uint64_t topup_gens() noexcept {
 
 // Beacons of new LC tasks and the liveness of known ones, at most every few
 // milliseconds; the floor of each slot when either, a top-up (at once) or
-// the partition changed. Under g_be.mu.
-void be_refresh(std::uint64_t now) {
+// the partition changed. Under g_be.mu. Throws only std::bad_alloc and the
+// like, before anything is published (be_refresh).
+void refresh_or_throw(std::uint64_t now) {
   const std::uint64_t gens = topup_gens();
   if (now < g_be.next_check && gens == g_be.topup_gens) return;
   bool changed = gens != g_be.topup_gens;
@@ -745,9 +746,12 @@ void be_refresh(std::uint64_t now) {
   const ctl::Header* h = header();
   const std::uint64_t epoch = h != nullptr ? h->epoch.load(std::memory_order_acquire) : 0;
   if (!changed && epoch == g_be.epoch) return;
-  g_be.epoch = epoch;
-  // The reservations and top-ups on each slot's GPU, for the callback's floor.
-  for (unsigned i = 0; i < ctl::kMaxDevices; ++i) store_mask(i, SlotView{}, false);
+  // The reservations and top-ups on each slot's GPU, for the callback's
+  // floor: worked out in full before any is published, so that a throw
+  // leaves the last floors in place (an unpublished slot would put the
+  // task's kernels on its whole partition).
+  SlotView views[ctl::kMaxDevices] = {};
+  bool valid[ctl::kMaxDevices] = {};
   for (const SlotPartition& sp : region_slots()) {
     Bits128 reserved, topups;
     std::uint8_t u[16];
@@ -766,9 +770,23 @@ void be_refresh(std::uint64_t now) {
       }
     }
     const Bits128 hard = roles::floor_of(sp.enabled, reserved);
-    store_mask(sp.slot,
-               {reserved, topups, sp.enabled, floor_cluster(sp, roles::floor_of(hard, topups)), floor_cluster(sp, hard)},
-               true);
+    views[sp.slot] = {reserved, topups, sp.enabled, floor_cluster(sp, roles::floor_of(hard, topups)),
+                      floor_cluster(sp, hard)};
+    valid[sp.slot] = true;
+  }
+  g_be.epoch = epoch;
+  for (unsigned i = 0; i < ctl::kMaxDevices; ++i) store_mask(i, views[i], valid[i]);
+}
+
+// refresh_or_throw, which never throws: an allocation that fails leaves
+// what was known published, and the next call looks again. (Under g_be.mu:
+// a throw would leave it locked, and in the gatekeeper end the process.)
+void be_refresh(std::uint64_t now) noexcept {
+  try {
+    refresh_or_throw(now);
+  } catch (const std::exception&) {
+    g_be.next_check = 0;
+    g_be.epoch = ~0ull;
   }
 }
 
@@ -1126,14 +1144,8 @@ bool gate_before(CUstream s, bool per_thread) noexcept {
     // The task's first launch: look for LC tasks now, or it would go
     // ungated beside one that bursts.
     pthread_mutex_lock(&g_be.mu);
-    bool ok = true;
-    try {
-      be_refresh(roles::monotonic_ns());
-    } catch (const std::exception&) {
-      ok = false;  // (an allocation): the launch holds on the CPU, which looks again
-    }
+    be_refresh(roles::monotonic_ns());
     pthread_mutex_unlock(&g_be.mu);
-    if (!ok) return false;
   }
   if (!g_be.any_lc.load(std::memory_order_acquire)) return true;  // nothing to make way for
   if (g_captures.load(std::memory_order_acquire) != 0) return false;
