@@ -286,7 +286,7 @@ bool stale(const LcSnapshot& s, std::uint64_t now_ns) noexcept {
 
 }  // namespace
 
-BeAction be_action(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noexcept {
+BeAction be_action(std::span<const LcSnapshot> lcs, std::uint64_t now_ns) noexcept {
   BeAction a = BeAction::kRun;
   for (const LcSnapshot& s : lcs) {
     if (stale(s, now_ns)) {
@@ -302,7 +302,7 @@ BeAction be_action(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noe
   return a;
 }
 
-bool hold_is_probe(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noexcept {
+bool hold_is_probe(std::span<const LcSnapshot> lcs, std::uint64_t now_ns) noexcept {
   bool any = false;
   for (const LcSnapshot& s : lcs) {
     if (stale(s, now_ns) || s.launches == s.completed || !s.may_burst) continue;

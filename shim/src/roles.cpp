@@ -804,12 +804,18 @@ roles::BeAction yielded(roles::BeAction a) noexcept {
 }
 
 // `probe`: the hold is for reference probes only (roles::hold_is_probe).
-roles::BeAction be_decide(std::uint64_t now, bool& probe) {
-  thread_local std::vector<roles::LcSnapshot> snaps;  // no allocation per launch once grown
-  snaps.clear();
-  for (const roles::Peer& p : *g_be.peers) snaps.push_back(roles::snapshot(*p.beacon));
-  const roles::BeAction a = roles::be_action(snaps, now);
-  probe = a == roles::BeAction::kHold && roles::hold_is_probe(snaps, now);
+// Under g_be.mu. No allocation (a vector's first growth could throw there,
+// leaving the lock held): the peers are at most kMaxPeers.
+roles::BeAction be_decide(std::uint64_t now, bool& probe) noexcept {
+  roles::LcSnapshot snaps[kMaxPeers];
+  std::size_t n = 0;
+  for (const roles::Peer& p : *g_be.peers) {
+    if (n == kMaxPeers) break;
+    snaps[n++] = roles::snapshot(*p.beacon);
+  }
+  const std::span<const roles::LcSnapshot> seen(snaps, n);
+  const roles::BeAction a = roles::be_action(seen, now);
+  probe = a == roles::BeAction::kHold && roles::hold_is_probe(seen, now);
   return a;
 }
 

@@ -517,7 +517,7 @@ LcSnapshot stale_of(LcSnapshot s) {
 }
 
 TEST(BeAction, OneLatencyCriticalTask) {
-  EXPECT_EQ(be_action({}, kNow), BeAction::kRun);
+  EXPECT_EQ(be_action(std::vector<LcSnapshot>{}, kNow), BeAction::kRun);
   EXPECT_EQ(be_action({idle()}, kNow), BeAction::kRun);
   // An idle task that may not burst (it used its budget earlier) is idle.
   LcSnapshot idle_stopped = idle();
@@ -568,7 +568,7 @@ TEST(BeAction, AHoldForProbesOnlyIsTold) {
   EXPECT_FALSE(hold_is_probe({probing, bursting()}, kNow));
   EXPECT_FALSE(hold_is_probe({bursting()}, kNow));
   EXPECT_FALSE(hold_is_probe({saturated()}, kNow));
-  EXPECT_FALSE(hold_is_probe({}, kNow));
+  EXPECT_FALSE(hold_is_probe(std::vector<LcSnapshot>{}, kNow));
   // A stale or idle prober makes nobody hold.
   EXPECT_FALSE(hold_is_probe({stale_of(probing)}, kNow));
   LcSnapshot idle_probing = idle();

@@ -36,6 +36,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <span>
 #include <vector>
 
 #include "nvtaskset/partition.hpp"
@@ -278,10 +279,18 @@ enum class BeAction {
   kHold,   // an LC task bursts: launch nothing yet
   kFloor,  // an LC task is busy but does not burst (or is stale): launch on the floor
 };
-BeAction be_action(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noexcept;
+// (A span: the shim passes a fixed array it fills under its lock, where an
+// allocation that failed would throw.)
+BeAction be_action(std::span<const LcSnapshot> lcs, std::uint64_t now_ns) noexcept;
+inline BeAction be_action(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noexcept {
+  return be_action(std::span<const LcSnapshot>(lcs), now_ns);
+}
 // Whether a hold (be_action's kHold) is for reference probes only: every LC
 // task that makes the BE task hold is probing, none bursts.
-bool hold_is_probe(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noexcept;
+bool hold_is_probe(std::span<const LcSnapshot> lcs, std::uint64_t now_ns) noexcept;
+inline bool hold_is_probe(const std::vector<LcSnapshot>& lcs, std::uint64_t now_ns) noexcept {
+  return hold_is_probe(std::span<const LcSnapshot>(lcs), now_ns);
+}
 
 // A BE task holds for an LC task for at most this long in a row, and at
 // most half of its time (a BurstBudget of its own): an LC task that claims
