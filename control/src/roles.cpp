@@ -370,6 +370,37 @@ void WorkQueue::pop(std::int64_t elapsed_ns) noexcept {
   --size_;
 }
 
+// ---- kernels too long to borrow ---------------------------------------------------------
+
+int BorrowTimer::start(std::uint64_t key) noexcept {
+  const bool due = ++launches_ % kEvery == 0;
+  int free = -1;
+  for (unsigned i = 0; i < kPairs; ++i) {
+    if (pairs_[i].state == State::kFree) {
+      if (free < 0) free = static_cast<int>(i);
+    } else if (pairs_[i].key == key && !due) {
+      return -1;  // being timed now
+    }
+  }
+  if (free < 0) return -1;
+  constexpr std::uint64_t kUnknown = ~0ull;
+  if (!due && durations_.estimate(key, kUnknown) != kUnknown) return -1;
+  pairs_[free] = {key, State::kStarted};
+  return free;
+}
+
+void BorrowTimer::ended(int pair, bool ok) noexcept {
+  if (pair < 0 || pair >= static_cast<int>(kPairs) || pairs_[pair].state != State::kStarted) return;
+  if (ok) pairs_[pair].state = State::kRecorded;
+  else pairs_[pair] = {};
+}
+
+void BorrowTimer::finish(int pair, std::int64_t elapsed_ns) noexcept {
+  if (!pending(pair)) return;
+  if (elapsed_ns >= 0) durations_.learn(pairs_[pair].key, static_cast<std::uint64_t>(elapsed_ns));
+  pairs_[pair] = {};
+}
+
 // ---- the top-up ---------------------------------------------------------------------------
 
 void TopUp::set_max(unsigned max_tpcs, unsigned reserved, std::uint64_t reservation) noexcept {

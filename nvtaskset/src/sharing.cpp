@@ -301,10 +301,11 @@ int print_status(Devices& devices, bool json) {
                       {"launches_on_floor", r64(h.launches_on_floor)},
                       {"queue_waits", r64(h.queue_waits)},
                       {"floor_skipped", r64(h.floor_skipped)},
-                      {"gates_queued", r64(h.gates_queued)}};
+                      {"gates_queued", r64(h.gates_queued)},
+                      {"kept_off", r64(h.kept_off)}};
         if (r64(h.floor_skipped) != 0 && (i == 0 || rows[i - 1].e->pid != pid))
           notes.push_back("pid " + std::to_string(pid) + " ran " + std::to_string(r64(h.floor_skipped)) +
-                          " kernels on its whole partition while a latency-critical task was busy: their "
+                          " kernels on its whole partition that should have kept off the latency-critical reservations: their "
                           "thread-block clusters do not fit its floor (or its floor was empty)");
       }
     }

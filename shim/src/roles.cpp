@@ -1200,12 +1200,99 @@ bool be_before_gate() {
   return a != roles::BeAction::kRun;
 }
 
+// ---- best-effort: kernels too long to borrow (NVTASKSET_BE_BORROW_US) ------------------
+//
+// While every LC task is idle a BE kernel borrows the reservations, and an
+// LC request arriving then waits on its reservation for it to end
+// (roles.hpp, BorrowTimer: GPT-2-medium training's three 2.9-4.4-ms LM-head
+// GEMMs put more than 2 ms of BE work in the way of 5-7% of arrivals; H200,
+// run 83). Kernels its own launches timed at the limit or more go on the
+// floor instead. A launch is timed by two events around it (the start
+// recorded after any gate: the time between them is the kernel's, queued
+// or not), only while every LC task is idle: a kernel not timed yet, then
+// one launch in 64, at most 4 at a time; their completions are read at
+// later launches. No driver call of this while a capture is under way.
+constexpr unsigned kDefaultBorrowUs = 500;
+
+struct Borrow {
+  roles::BorrowTimer* timer = nullptr;  // nullptr: every kernel borrows
+  CUcontext ctx = nullptr;              // the events' context (the first used)
+  bool failed = false;                  // the events could not be made
+  CUevent ev[roles::BorrowTimer::kPairs][2] = {};
+};
+constinit Borrow g_borrow{};
+
+// Whether the timing events can be used now: no capture, the current
+// context the events' (made at the first call). Under g_be.qmu.
+bool borrow_ready() noexcept {
+  if (g_borrow.failed || g_captures.load(std::memory_order_acquire) != 0) return false;
+  CUcontext ctx = nullptr;
+  if (g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) != CUDA_SUCCESS || ctx == nullptr) return false;
+  if (g_borrow.ctx == nullptr) {
+    if (!create_events(&g_borrow.ev[0][0], 2 * roles::BorrowTimer::kPairs, true)) {
+      g_borrow.failed = true;
+      return false;
+    }
+    g_borrow.ctx = ctx;
+  }
+  return ctx == g_borrow.ctx;
+}
+
+// The timed launches that completed teach their durations. Under g_be.qmu.
+void borrow_poll() noexcept {
+  roles::BorrowTimer& t = *g_borrow.timer;
+  if (!t.any_pending() || !borrow_ready()) return;
+  const auto query = g_drv.event_query.load(std::memory_order_acquire);
+  const auto elapsed = g_drv.event_elapsed.load(std::memory_order_acquire);
+  for (unsigned i = 0; i < roles::BorrowTimer::kPairs; ++i) {
+    const int p = static_cast<int>(i);
+    if (!t.pending(p)) continue;
+    const CUresult q = query(g_borrow.ev[i][1]);
+    if (q == CUDA_ERROR_NOT_READY) continue;
+    float ms = -1;
+    const bool read = q == CUDA_SUCCESS && elapsed(&ms, g_borrow.ev[i][0], g_borrow.ev[i][1]) == CUDA_SUCCESS;
+    t.finish(p, read && ms >= 0 ? static_cast<std::int64_t>(static_cast<double>(ms) * 1e6) : -1);
+  }
+}
+
+// Before a best-effort kernel launch that would borrow (every LC task
+// idle): whether it goes on the floor instead, a kernel timed too long;
+// `pair` the events that time this launch (-1: none).
+bool borrow_before(CUstream s, bool per_thread, std::uint64_t key, int& pair) noexcept {
+  pair = -1;
+  if (g_borrow.timer == nullptr || !g_be.any_lc.load(std::memory_order_acquire)) return false;
+  pthread_mutex_lock(&g_be.qmu);
+  borrow_poll();
+  roles::BorrowTimer& t = *g_borrow.timer;
+  const bool off = !t.borrows(key);
+  if (borrow_ready()) {
+    pair = t.start(key);
+    if (pair >= 0 && (capturing(s, per_thread) || record(g_borrow.ev[pair][0], s, per_thread) != CUDA_SUCCESS)) {
+      t.ended(pair, false);
+      pair = -1;
+    }
+  }
+  pthread_mutex_unlock(&g_be.qmu);
+  return off;
+}
+
+// After it: the end event of a timed launch (none for a launch that failed).
+void borrow_after(int pair, CUstream s, bool per_thread, bool launched) noexcept {
+  if (pair < 0) return;
+  pthread_mutex_lock(&g_be.qmu);
+  const bool ok = launched && g_captures.load(std::memory_order_acquire) == 0 &&
+                  record(g_borrow.ev[pair][1], s, per_thread) == CUDA_SUCCESS;
+  g_borrow.timer->ended(pair, ok);
+  pthread_mutex_unlock(&g_be.qmu);
+}
+
 // ---- one launch, either role ---------------------------------------------------------
 
 struct Launch {
   std::uint64_t lc_seq = 0;
   std::uint64_t key = 0;  // the kernel, for the work bound
   bool floor = false;
+  int timed = -1;  // the BorrowTimer pair timing it
 };
 
 Launch before(CUstream s, bool per_thread, bool graph, std::uint64_t key) noexcept {
@@ -1222,6 +1309,10 @@ Launch before(CUstream s, bool per_thread, bool graph, std::uint64_t key) noexce
       } catch (const std::exception&) {
         l.floor = true;  // the safe side
       }
+      if (!l.floor && !graph && borrow_before(s, per_thread, key, l.timed)) {
+        l.floor = true;
+        if (ctl::Header* h = header()) bump(h->kept_off);
+      }
       if (l.floor) g_floor_users.fetch_add(1, std::memory_order_acq_rel);
       break;
     case Role::kNone: break;
@@ -1229,10 +1320,11 @@ Launch before(CUstream s, bool per_thread, bool graph, std::uint64_t key) noexce
   return l;
 }
 
-void after(const Launch& l, CUstream s, bool per_thread) noexcept {
+void after(const Launch& l, CUstream s, bool per_thread, bool launched = true) noexcept {
   switch (static_cast<Role>(g_role.load(std::memory_order_relaxed))) {
     case Role::kLatencyCritical: lc_after(l.lc_seq, s, per_thread); break;
     case Role::kBestEffort:
+      borrow_after(l.timed, s, per_thread, launched);
       if (l.floor) g_floor_users.fetch_sub(1, std::memory_order_acq_rel);
       be_after(s, per_thread, l.key, l.floor);
       break;
@@ -1271,7 +1363,7 @@ CUresult w_launch_kernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, un
                          unsigned shm, CUstream s, void** params, void** extra) {
   const Launch l = before(s, kPtsz, false, roles::kernel_key(f, std::uint64_t{gx} * gy * gz));
   const CUresult rc = real<LaunchKernelFn>(F)(f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
-  after(l, s, kPtsz);
+  after(l, s, kPtsz, rc == CUDA_SUCCESS);
   return rc;
 }
 
@@ -1282,7 +1374,7 @@ CUresult w_launch_kernel_ex(const CUlaunchConfig* cfg, CUfunction f, void** para
       before(s, kPtsz, false,
              roles::kernel_key(f, cfg != nullptr ? std::uint64_t{cfg->gridDimX} * cfg->gridDimY * cfg->gridDimZ : 0));
   const CUresult rc = real<LaunchKernelExFn>(F)(cfg, f, params, extra);
-  after(l, s, kPtsz);
+  after(l, s, kPtsz, rc == CUDA_SUCCESS);
   return rc;
 }
 
@@ -1291,7 +1383,7 @@ CUresult w_coop(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx
                 unsigned shm, CUstream s, void** params) {
   const Launch l = before(s, kPtsz, false, roles::kernel_key(f, std::uint64_t{gx} * gy * gz));
   const CUresult rc = real<CoopFn>(F)(f, gx, gy, gz, bx, by, bz, shm, s, params);
-  after(l, s, kPtsz);
+  after(l, s, kPtsz, rc == CUDA_SUCCESS);
   return rc;
 }
 
@@ -1472,6 +1564,14 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
       g_be.depth_given = option_value(Option::kBeDepth) != nullptr && !d.bad;
       g_be.floor_given = option_value(Option::kBeFloorDepth) != nullptr && !fd.bad;
       size_queue(g_be.depth, static_cast<unsigned>(fd.value));
+      const NumberValue bu = number(Option::kBeBorrowUs, 0, 1'000'000, kDefaultBorrowUs);
+      if (bu.bad)
+        warn(("NVTASKSET_BE_BORROW_US: not a number from 0 to 1000000; using " + std::to_string(kDefaultBorrowUs))
+                 .c_str());
+      if (bu.value != 0 && g_drv.event_elapsed.load(std::memory_order_acquire) == nullptr)
+        warn("NVTASKSET_BE_BORROW_US: the driver has no cuEventElapsedTime; every kernel borrows the reservations");
+      else if (bu.value != 0)
+        g_borrow.timer = new roles::BorrowTimer(bu.value * 1000);
     }
   } catch (const std::exception& e) {
     warn((std::string(roles::role_name(r)) + ": " + e.what() + "; the task runs without its role").c_str());
@@ -1573,6 +1673,9 @@ void atfork_child() noexcept {
   for (bool& r : g_be.recorded) r = false;
   g_be.count = 0;
   if (g_be.work != nullptr) g_be.work->clear();  // the parent's launches and events
+  g_borrow.ctx = nullptr;
+  g_borrow.failed = false;
+  if (g_borrow.timer != nullptr) g_borrow.timer->drop_pairs();
   g_floor_users.store(0, std::memory_order_relaxed);
   // The parent's gatekeeper is not in the child: no gate there.
   g_gate.word = nullptr;

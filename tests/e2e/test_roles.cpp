@@ -1301,6 +1301,75 @@ TEST_F(Roles, BestEffortQueueIsBoundedInLearnedWork) {
   stop("lc", *lp);
 }
 
+// ---- kernels too long to borrow the reservations (NVTASKSET_BE_BORROW_US) ----
+
+// Next to an idle LC task (TPCs 0-1), a BE task of 1-ms kernels (the
+// stand-in's virtual clock) borrows the reservation until its own launches
+// have timed one (the first, as soon as it completed), and from then on
+// keeps off it, the LC task still idle; --status counts those (kept_off)
+// and says "running". Kernels of 100 us keep borrowing, and so do 1-ms ones
+// with NVTASKSET_BE_BORROW_US=0.
+TEST_F(Roles, BestEffortKernelsTimedTooLongKeepOffAnIdleReservation) {
+  Proc* lcp = nullptr;
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp, true);
+  ASSERT_GT(lc, 0) << lcp->err();
+  ASSERT_TRUE(wait_state(lc, "idle"));
+  struct Case {
+    const char* tag;
+    const char* kernel_us;
+    const char* borrow_us;  // nullptr: the default
+    bool keep_off;
+  };
+  for (const Case& c : {Case{"long", "1000", nullptr, true}, Case{"short", "100", nullptr, false},
+                        Case{"zero", "1000", "0", false}, Case{"edge", "300", "300", true}}) {
+    SCOPED_TRACE(c.tag);
+    Env env = env_;
+    env["FAKECUDA_KERNEL_US"] = c.kernel_us;
+    if (c.borrow_us != nullptr) env["NVTASKSET_BE_BORROW_US"] = c.borrow_us;
+    Proc* bp = nullptr;
+    ASSERT_GT(start_task({"--best-effort"}, c.tag, &bp, false, &env), 0);
+    Proc& be = *bp;
+    // A launch every 20 ms until 3 kept off (or, borrowing, 8 launches).
+    const std::string floor = on(0xfc);
+    auto off = [&](const std::vector<Record>& rs) {
+      return std::count_if(rs.begin(), rs.end(), [&](const Record& r) { return r.mask == floor; });
+    };
+    std::vector<Record> recs;
+    wait_until([&] { return c.keep_off ? off(recs = records_of(be.pid)) >= 3 : (recs = records_of(be.pid)).size() >= 8; },
+               kStateWait);
+    const nlohmann::json t = task(be.pid);
+    EXPECT_EQ(state(t), "running") << t.dump();
+    EXPECT_EQ(counter(t, "launches_on_floor"), 0u) << "the LC task was idle throughout: " << t.dump();
+    if (c.keep_off) EXPECT_GE(counter(t, "kept_off"), 3u) << t.dump();
+    else EXPECT_EQ(counter(t, "kept_off"), 0u) << t.dump();
+    touch(path(std::string("until.") + c.tag));
+    EXPECT_TRUE(ExitedWith(be.wait(), 0)) << be.err();
+    EXPECT_EQ(be.err(), "");
+    recs = records_of(be.pid);
+    ASSERT_FALSE(recs.empty());
+    if (c.keep_off) {
+      // Borrowing until the first timing was read, off the reservation from then on.
+      EXPECT_TRUE(AllOn({recs[0]}, kAll)) << "not timed yet: it borrows";
+      const auto first_off =
+          std::find_if(recs.begin(), recs.end(), [&](const Record& r) { return r.mask == floor; });
+      ASSERT_NE(first_off, recs.end());
+      EXPECT_TRUE(AllOn({recs.begin(), first_off}, kAll));
+      EXPECT_TRUE(AllOn({first_off, recs.end()}, floor)) << "timed too long: off the reservation";
+      EXPECT_GE(off(recs), 3);
+    } else {
+      EXPECT_GE(recs.size(), 8u);
+      EXPECT_TRUE(AllOn(recs, kAll));
+    }
+  }
+  EXPECT_EQ(state(task(lc)), "idle");
+  stop("lc", *lcp);
+}
+
+TEST_F(Roles, BadBorrowLimitIsOneWarningAndTheTaskRuns) {
+  EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_BORROW_US", "1000001"}},
+                                   "NVTASKSET_BE_BORROW_US: not a number from 0 to 1000000; using 500"));
+}
+
 TEST_F(Roles, BadWorkBoundIsOneWarningAndTheTaskRuns) {
   EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_WORK_US", "2000000"}}, "NVTASKSET_BE_WORK_US: not a number from 0 to 1000000"));
 }

@@ -1051,6 +1051,90 @@ struct Trace {
   }
 };
 
+// ---- kernels too long to borrow the reservations (BorrowTimer) ----
+
+TEST(BorrowTimer, AKernelBorrowsUntilTimedAtTheLimitOrMore) {
+  BorrowTimer t(500 * kUs);
+  constexpr std::uint64_t kLong = 11, kShort = 12, kEdge = 13;
+  EXPECT_TRUE(t.borrows(kLong)) << "not timed yet";
+  const int p = t.start(kLong);
+  ASSERT_GE(p, 0) << "a kernel not timed yet is timed";
+  EXPECT_FALSE(t.pending(p)) << "its end event is not recorded yet";
+  t.ended(p, true);
+  EXPECT_TRUE(t.pending(p));
+  EXPECT_TRUE(t.any_pending());
+  t.finish(p, static_cast<std::int64_t>(3 * kMs));
+  EXPECT_FALSE(t.any_pending());
+  EXPECT_FALSE(t.borrows(kLong)) << "3 ms >= 500 us";
+  const int q = t.start(kShort);
+  ASSERT_GE(q, 0);
+  t.ended(q, true);
+  t.finish(q, static_cast<std::int64_t>(80 * kUs));
+  EXPECT_TRUE(t.borrows(kShort));
+  const int e = t.start(kEdge);
+  ASSERT_GE(e, 0);
+  t.ended(e, true);
+  t.finish(e, static_cast<std::int64_t>(500 * kUs));
+  EXPECT_FALSE(t.borrows(kEdge)) << "at the limit: keeps off";
+}
+
+TEST(BorrowTimer, AMovingAverageDecides) {
+  BorrowTimer t(500 * kUs);
+  auto time = [&](std::uint64_t key, std::uint64_t ns) {
+    for (unsigned i = 0; i < BorrowTimer::kEvery; ++i) {
+      const int p = t.start(key);
+      if (p < 0) continue;
+      t.ended(p, true);
+      t.finish(p, static_cast<std::int64_t>(ns));
+      return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(time(7, 1000 * kUs));
+  EXPECT_FALSE(t.borrows(7));
+  // Timed again (one launch in kEvery) at 100 us: a quarter weight each.
+  ASSERT_TRUE(time(7, 100 * kUs));  // 775 us
+  EXPECT_FALSE(t.borrows(7));
+  ASSERT_TRUE(time(7, 100 * kUs));  // 606
+  EXPECT_FALSE(t.borrows(7));
+  ASSERT_TRUE(time(7, 100 * kUs));  // 480
+  EXPECT_TRUE(t.borrows(7));
+}
+
+TEST(BorrowTimer, AKnownKernelIsTimedOnceInEveryAndAtMostPairsAtOnce) {
+  BorrowTimer t(500 * kUs);
+  const int p = t.start(1);
+  ASSERT_GE(p, 0);
+  EXPECT_LT(t.start(1), 0) << "being timed now: not twice";
+  t.ended(p, true);
+  t.finish(p, static_cast<std::int64_t>(50 * kUs));
+  // Known: timed again on the kEvery-th launch only (2 launches so far).
+  unsigned timed = 0;
+  for (unsigned i = 0; i < 2 * BorrowTimer::kEvery; ++i) {
+    const int q = t.start(1);
+    if (q < 0) continue;
+    ++timed;
+    t.ended(q, false);  // its launch failed: nothing learned, the pair free
+  }
+  EXPECT_EQ(timed, 2u);
+  EXPECT_TRUE(t.borrows(1));
+  // Unknown kernels: one pair each, kPairs at most, until one is free.
+  int pairs[BorrowTimer::kPairs];
+  for (unsigned i = 0; i < BorrowTimer::kPairs; ++i) {
+    pairs[i] = t.start(100 + i);
+    ASSERT_GE(pairs[i], 0) << i;
+    t.ended(pairs[i], true);
+  }
+  EXPECT_LT(t.start(200), 0) << "every pair in use";
+  t.finish(pairs[0], -1);  // could not be read: nothing learned, the pair free
+  EXPECT_TRUE(t.borrows(100));
+  const int r = t.start(200);
+  EXPECT_EQ(r, pairs[0]);
+  t.drop_pairs();
+  EXPECT_FALSE(t.any_pending()) << "a forked child forgets the parent's events";
+  EXPECT_GE(t.start(201), 0);
+}
+
 TEST(WorkQueue, AnUnknownKernelCountsAsTheWholeBound) {
   WorkQueue q(500 * kUs, 63);
   const std::uint64_t k = kernel_key(reinterpret_cast<const void*>(0x10), 1);

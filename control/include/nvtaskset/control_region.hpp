@@ -33,7 +33,7 @@ namespace nvtaskset::ctl {
 inline constexpr std::uint32_t kMagic = 0x5354564eu;  // "NVTS"
 // 2: cluster limits and the widened set in each buffer, the partition epoch,
 // graph and cluster counters in the header. 3: the role words.
-inline constexpr std::uint32_t kVersion = 3;
+inline constexpr std::uint32_t kVersion = 4;
 inline constexpr unsigned kMaxDevices = 8;
 // Cluster sizes counted per size: 1..16 (16 is the largest any GPU runs);
 // index 0 counts launches without clusters.
@@ -120,7 +120,9 @@ struct Header {
   // with clusters the floor may not host, or an empty floor). Under
   // NVTASKSET_BE_YIELD=gate a hold is the gate on the GPU: launches_held
   // counts its closings, held_ns the time closed, gates_queued the waits
-  // queued before launches.
+  // queued before launches. kept_off: launches made while every
+  // latency-critical task was idle that went on the floor all the same, as
+  // kernels timed too long to borrow the reservations (NVTASKSET_BE_BORROW_US).
   std::atomic<std::uint32_t> role;
   std::atomic<std::uint32_t> role_state;
   std::atomic<std::uint64_t> launches_held;
@@ -129,6 +131,7 @@ struct Header {
   std::atomic<std::uint64_t> queue_waits;
   std::atomic<std::uint64_t> floor_skipped;
   std::atomic<std::uint64_t> gates_queued;
+  std::atomic<std::uint64_t> kept_off;
   DeviceEntry devices[kMaxDevices];
 };
 

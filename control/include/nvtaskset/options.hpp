@@ -41,6 +41,7 @@ enum class Option : unsigned {
   kTestTopup,        // NVTASKSET_TEST_TOPUP (tests)
   kBeFloorDepth,     // NVTASKSET_BE_FLOOR_DEPTH
   kBeGateEvery,      // NVTASKSET_BE_GATE_EVERY
+  kBeBorrowUs,       // NVTASKSET_BE_BORROW_US
 };
 
 enum class OptionKind { kChoice, kPath, kInternal, kNumber };
@@ -132,6 +133,10 @@ inline constexpr OptionDesc kOptions[] = {
      "under NVTASKSET_BE_YIELD=gate (the default), a --best-effort task queues its gate before every this many launches of a "
      "stream: a latency-critical task that becomes busy waits behind at most that many of its kernels (each gate "
      "costs the stream about 2.4 us)"},
+    {Option::kBeBorrowUs, "NVTASKSET_BE_BORROW_US", OptionKind::kNumber, "0-1000000, default 500", true,
+     "while a latency-critical task exists, a --best-effort task's kernels that its own earlier launches timed at "
+     "this many microseconds or more keep off the reservations even while every latency-critical task is idle, so "
+     "that no request waits for one of them there; shorter kernels borrow the reservations (0: every kernel does)"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }
