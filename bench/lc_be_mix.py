@@ -119,6 +119,10 @@ ROLE_VARIANTS = {
                      "NVTASKSET_BE_FLOOR_DEPTH=16)"),
     "roles-d64f64": ({BE_DEPTH_ENV: "64", "NVTASKSET_BE_FLOOR_DEPTH": "64"},
                      f"BE queue of 64 launches, 64 on its floor ({BE_DEPTH_ENV}=64, NVTASKSET_BE_FLOOR_DEPTH=64)"),
+    "roles-b0": ({"NVTASKSET_BE_BORROW_US": "0"},
+                 "every BE kernel borrows the idle reservation, long ones too (NVTASKSET_BE_BORROW_US=0)"),
+    "roles-b2000": ({"NVTASKSET_BE_BORROW_US": "2000"},
+                    "BE kernels timed at 2 ms or more keep off the idle reservation (NVTASKSET_BE_BORROW_US=2000)"),
     "roles-deep": ({BE_DEPTH_ENV: "1024", "NVTASKSET_BE_FLOOR_DEPTH": "1024"},
                    f"BE stopped by its gate, 1024 launches queued, on its floor too ({BE_DEPTH_ENV}=1024, "
                    "NVTASKSET_BE_FLOOR_DEPTH=1024)"),
@@ -129,8 +133,14 @@ ROLE_VARIANTS = {
 STATIC_SHAPES = {f"static-{l}-{b}": (l, b) for l, b in ((20, 46), (24, 42), (28, 38), (32, 34))}
 # The roles without the LC task's top-up (NVTASKSET_LC_TOPUP=off): its reservation only while saturated.
 ROLES_NO_TOPUP = "roles-no-topup"
-OPTIONAL = (BASE_SIZED, ROLES_L2, BE_ROLE_ALONE, MPS_BE_LOW, ROLES_NO_TOPUP) + tuple(ROLE_VARIANTS) + tuple(STATIC_SHAPES)
-ROLE_SETUPS = (ROLES, ROLES_L2, ROLES_NO_TOPUP) + tuple(ROLE_VARIANTS)
+# The roles with a BE task that never borrows the reservation (--best-effort -n BE_N, chosen after
+# the LC task's -n: the TPCs it leaves): an LC request then starts at once on its reservation
+# instead of waiting there for the BE kernels in flight, at the cost of the training's use of it
+# while the LC task is idle. Only when named.
+ROLES_NO_BORROW = "roles-nb"
+OPTIONAL = ((BASE_SIZED, ROLES_L2, BE_ROLE_ALONE, MPS_BE_LOW, ROLES_NO_TOPUP, ROLES_NO_BORROW)
+            + tuple(ROLE_VARIANTS) + tuple(STATIC_SHAPES))
+ROLE_SETUPS = (ROLES, ROLES_L2, ROLES_NO_TOPUP, ROLES_NO_BORROW) + tuple(ROLE_VARIANTS)
 L2_ENV = "LCBE_L2_WINDOW"
 L2_PCT_ENV = "CUDA_DEVICE_DEFAULT_PERSISTING_L2_CACHE_PERCENTAGE_LIMIT"
 
@@ -166,6 +176,10 @@ def setup_table(nv, lc_n, be_n, be_depth=None):
         Setup(ROLES_NO_TOPUP, True, Launch([nv, "-n", str(lc_n), "--latency-critical"], {"NVTASKSET_LC_TOPUP": "off"}),
               Launch([nv, "--best-effort"], be_role_env),
               "the roles, the LC task on its reservation only while saturated (NVTASKSET_LC_TOPUP=off)"),
+        Setup(ROLES_NO_BORROW, True, Launch([nv, "-n", str(lc_n), "--latency-critical"], {}),
+              Launch([nv, "-n", str(be_n), "--best-effort"], be_role_env),
+              f"the roles, the BE task on the {be_n} TPCs the reservation leaves (-n {be_n} --best-effort): "
+              "it never borrows the reservation"),
         Setup(ROLES_L2, True, Launch([nv, "-n", str(lc_n), "--latency-critical"], {L2_ENV: "1"}),
               Launch([nv, "--best-effort"], be_role_env),
               "the roles, the LC task's kernels with a persisting L2 window over its largest weight"),
@@ -617,7 +631,7 @@ class RolesPoller:
                                                        "topup_size", "topup_ratio", "topup_probes")}
                 elif task.get("role") == "best-effort":
                     rec["be"] = {k: c.get(k) for k in ("state", "launches_held", "held_ms", "launches_on_floor",
-                                                       "queue_waits", "floor_skipped")}
+                                                       "queue_waits", "floor_skipped", "kept_off")}
             self.trace.append(rec)
             self.done.wait(max(0.0, self.POLL_S - (time.monotonic() - t)))
 
@@ -645,7 +659,7 @@ class RolesPoller:
         out["lc_last_topup_ratio"] = next((x.get("topup_ratio") for x in reversed(lcs) if x.get("topup_ratio")), None)
         out["lc_topup_probes"] = delta(lcs, "topup_probes")
         out["be_states"] = dict(collections.Counter(x.get("state") for x in bes))
-        for k in ("launches_held", "held_ms", "launches_on_floor", "queue_waits", "floor_skipped"):
+        for k in ("launches_held", "held_ms", "launches_on_floor", "queue_waits", "floor_skipped", "kept_off"):
             out["be_" + k] = delta(bes, k)
         return out
 
@@ -992,7 +1006,7 @@ def row_line(r):
                      f"{x['lc_busy_periods']}, heartbeat age max {x['lc_max_heartbeat_age_ms']} ms; BE states "
                      f"{x['be_states']}, held {x['be_launches_held']} ({x['be_held_ms']} ms), on floor "
                      f"{x['be_launches_on_floor']}, off its floor {x['be_floor_skipped']}, queue waits "
-                     f"{x['be_queue_waits']}")
+                     f"{x['be_queue_waits']}, kept off the idle reservation {x.get('be_kept_off')}")
     return ", ".join(parts)
 
 
