@@ -249,7 +249,8 @@ int run(int argc, char** argv) {
                "tasks, which make way while it has work; it may use every TPC no other partition holds while it "
                "has work");
   app.add_flag("--best-effort", o.best_effort,
-               "run the command on all TPCs (or those given) while every latency-critical task is idle; while one "
+               "run the command on all TPCs (or those given) while every latency-critical task is idle, but for "
+               "kernels it timed at NVTASKSET_BE_BORROW_US (500) or more, which keep off the reservations; while one "
                "has work, its stream stops on the GPU at its next gate (one every 2 launches) and its new kernels "
                "go on the TPCs no reservation holds; while one exists, it keeps at most NVTASKSET_BE_DEPTH "
                "launches queued (64); under MPS it is a below-normal priority client (CUDA_MPS_CLIENT_PRIORITY=1)");

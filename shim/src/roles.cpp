@@ -1204,7 +1204,7 @@ bool be_before_gate() {
 //
 // While every LC task is idle a BE kernel borrows the reservations, and an
 // LC request arriving then waits on its reservation for it to end
-// (roles.hpp, BorrowTimer: GPT-2-medium training's three 2.9-4.4-ms LM-head
+// (roles.hpp, BorrowTimer: GPT-2-medium training's three 2.9-4.4-ms sm75
 // GEMMs put more than 2 ms of BE work in the way of 5-7% of arrivals; H200,
 // run 83). Kernels its own launches timed at the limit or more go on the
 // floor instead. A launch is timed by two events around it (the start

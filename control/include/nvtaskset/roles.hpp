@@ -441,8 +441,8 @@ class WorkQueue {
 // request that arrives then waits on its reservation for the BE kernel
 // running there (and the rest of its gate's group) to end. GPT-2-medium
 // training spends 16% of its GPU time in three kernels of 2.9-4.4 ms a step
-// (the LM head's GEMMs: the vocabulary, 50257, is odd, and cuBLAS takes sm75
-// CUTLASS kernels of alignment 1 for it), so an arrival finds more than 2 ms
+// (sm75 CUTLASS GEMMs of alignment 1, once a step each: by all signs the LM
+// head's, whose vocabulary, 50257, is odd), so an arrival finds more than 2 ms
 // of BE work in the way 5-7% of the time (H200, bench/be_kernels.py, run 83).
 // A BE task kept off the reservations altogether gave the LC p99 1.09x of
 // alone at 44 requests/s where borrowing gave 1.56x, at 0.74 of the
