@@ -1265,12 +1265,13 @@ bool borrow_before(CUstream s, bool per_thread, std::uint64_t key, int& pair) no
   borrow_poll();
   roles::BorrowTimer& t = *g_borrow.timer;
   const bool off = !t.borrows(key);
-  if (borrow_ready()) {
-    pair = t.start(key);
-    if (pair >= 0 && (capturing(s, per_thread) || record(g_borrow.ev[pair][0], s, per_thread) != CUDA_SUCCESS)) {
-      t.ended(pair, false);
-      pair = -1;
-    }
+  // The driver calls (the context, the capture check, the record) only for
+  // a launch that is timed.
+  pair = t.start(key);
+  if (pair >= 0 && (!borrow_ready() || capturing(s, per_thread) ||
+                    record(g_borrow.ev[pair][0], s, per_thread) != CUDA_SUCCESS)) {
+    t.ended(pair, false);
+    pair = -1;
   }
   pthread_mutex_unlock(&g_be.qmu);
   return off;
