@@ -239,9 +239,28 @@ std::int64_t dir_stamp() noexcept {
 // capture (seen on an H100: PyTorch's capture of the LC forward failed once
 // in about ten runs while the controller queried an event).
 std::atomic<int> g_captures{0};
-// The LC controller's own driver calls in progress (0 or 1): a capture does
+// The shim's own driver calls in progress outside a launch's stream (the
+// LC controller's event queries, a BE task's timing events): a capture does
 // not begin during one (begin_capture).
 std::atomic<int> g_ctl_calls{0};
+
+// Around such calls: counted first, then made only while no capture is
+// under way or beginning (either begin_capture sees the count and waits,
+// or this sees the capture and makes none).
+class OwnCalls {
+ public:
+  OwnCalls() noexcept {
+    g_ctl_calls.fetch_add(1, std::memory_order_seq_cst);
+    ok_ = g_captures.load(std::memory_order_seq_cst) == 0;
+  }
+  ~OwnCalls() { g_ctl_calls.fetch_sub(1, std::memory_order_release); }
+  OwnCalls(const OwnCalls&) = delete;
+  OwnCalls& operator=(const OwnCalls&) = delete;
+  bool ok() const noexcept { return ok_; }
+
+ private:
+  bool ok_;
+};
 
 // ---- latency-critical: the beacon and the controller ---------------------------------
 
@@ -1241,7 +1260,9 @@ bool borrow_ready() noexcept {
 // The timed launches that completed teach their durations. Under g_be.qmu.
 void borrow_poll() noexcept {
   roles::BorrowTimer& t = *g_borrow.timer;
-  if (!t.any_pending() || !borrow_ready()) return;
+  if (!t.any_pending()) return;
+  const OwnCalls calls;
+  if (!calls.ok() || !borrow_ready()) return;
   const auto query = g_drv.event_query.load(std::memory_order_acquire);
   const auto elapsed = g_drv.event_elapsed.load(std::memory_order_acquire);
   for (unsigned i = 0; i < roles::BorrowTimer::kPairs; ++i) {
@@ -1268,10 +1289,13 @@ bool borrow_before(CUstream s, bool per_thread, std::uint64_t key, int& pair) no
   // The driver calls (the context, the capture check, the record) only for
   // a launch that is timed.
   pair = t.start(key);
-  if (pair >= 0 && (!borrow_ready() || capturing(s, per_thread) ||
-                    record(g_borrow.ev[pair][0], s, per_thread) != CUDA_SUCCESS)) {
-    t.ended(pair, false);
-    pair = -1;
+  if (pair >= 0) {
+    const OwnCalls calls;
+    if (!calls.ok() || !borrow_ready() || capturing(s, per_thread) ||
+        record(g_borrow.ev[pair][0], s, per_thread) != CUDA_SUCCESS) {
+      t.ended(pair, false);
+      pair = -1;
+    }
   }
   pthread_mutex_unlock(&g_be.qmu);
   return off;
@@ -1281,8 +1305,11 @@ bool borrow_before(CUstream s, bool per_thread, std::uint64_t key, int& pair) no
 void borrow_after(int pair, CUstream s, bool per_thread, bool launched) noexcept {
   if (pair < 0) return;
   pthread_mutex_lock(&g_be.qmu);
-  const bool ok = launched && g_captures.load(std::memory_order_acquire) == 0 &&
-                  record(g_borrow.ev[pair][1], s, per_thread) == CUDA_SUCCESS;
+  bool ok = false;
+  if (launched) {
+    const OwnCalls calls;
+    ok = calls.ok() && record(g_borrow.ev[pair][1], s, per_thread) == CUDA_SUCCESS;
+  }
   g_borrow.timer->ended(pair, ok);
   pthread_mutex_unlock(&g_be.qmu);
 }
