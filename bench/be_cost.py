@@ -17,6 +17,8 @@ interleaved round by round. Each run also reports the CPU seconds its process us
   role+lc dN   the same with NVTASKSET_BE_DEPTH=N (an event every N/4 launches, at most 64 events)
   role+lc t500 NVTASKSET_BE_DEPTH=256 and NVTASKSET_BE_QUEUE_US=500
   role+lc wN   NVTASKSET_BE_WORK_US=N: at most N us of work queued, in learned kernel durations
+  role+lc b0   NVTASKSET_BE_BORROW_US=0: every kernel borrows the idle reservation, long ones too
+               (by default those timed at 500 us or more keep off it)
 
 Without MPS (--no-mps; the LC task is idle, so nothing contends). Prints each configuration's
 it/s (median over rounds, min-max) and its ratio to plain. With --compare B, every role+lc
@@ -79,7 +81,8 @@ def main():
                 ("role+lc d64", {"NVTASKSET_BE_DEPTH": "64"}), ("role+lc d1024", {"NVTASKSET_BE_DEPTH": "1024"}),
                 ("role+lc t500", {"NVTASKSET_BE_DEPTH": "256", "NVTASKSET_BE_QUEUE_US": "500"}),
                 ("role+lc w250", {"NVTASKSET_BE_WORK_US": "250"}), ("role+lc w500", {"NVTASKSET_BE_WORK_US": "500"}),
-                ("role+lc w1000", {"NVTASKSET_BE_WORK_US": "1000"})]
+                ("role+lc w1000", {"NVTASKSET_BE_WORK_US": "1000"}),
+                ("role+lc b0", {"NVTASKSET_BE_BORROW_US": "0"})]
     beside = [(name, role, env) for name, env in variants]
     if a.compare:
         beside += [("B: " + name, [a.compare, "--no-mps", "--best-effort"], env) for name, env in variants]

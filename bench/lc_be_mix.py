@@ -76,6 +76,9 @@ BASE_SIZED = "lc-alone-res-sized"
 ROLES_L2 = "roles-l2"
 # BE alone under --best-effort (no LC task): what the role costs a BE task by itself. Only when named.
 BE_ROLE_ALONE = "be-alone-role"
+# What MPS costs the BE task by itself, apart from the role: BE alone as a plain MPS client, and
+# under --best-effort without MPS (--no-mps). Only when named.
+BE_MPS_ALONE, BE_ROLE_NOMPS_ALONE = "be-alone-mps", "be-alone-role-nomps"
 # The roles' other ways for the BE task to make way (issue 22: "evaluate launch pacing"), each a
 # setup named in --setups: a deeper BE queue, and NVTASKSET_BE_YIELD's floor and run. Since
 # nvtaskset sets CUDA_MPS_CLIENT_PRIORITY by role, every roles setup runs its BE at below-normal
@@ -138,7 +141,8 @@ ROLES_NO_TOPUP = "roles-no-topup"
 # instead of waiting there for the BE kernels in flight, at the cost of the training's use of it
 # while the LC task is idle. Only when named.
 ROLES_NO_BORROW = "roles-nb"
-OPTIONAL = ((BASE_SIZED, ROLES_L2, BE_ROLE_ALONE, MPS_BE_LOW, ROLES_NO_TOPUP, ROLES_NO_BORROW)
+OPTIONAL = ((BASE_SIZED, ROLES_L2, BE_ROLE_ALONE, BE_MPS_ALONE, BE_ROLE_NOMPS_ALONE, MPS_BE_LOW, ROLES_NO_TOPUP,
+             ROLES_NO_BORROW)
             + tuple(ROLE_VARIANTS) + tuple(STATIC_SHAPES))
 ROLE_SETUPS = (ROLES, ROLES_L2, ROLES_NO_TOPUP, ROLES_NO_BORROW) + tuple(ROLE_VARIANTS)
 L2_ENV = "LCBE_L2_WINDOW"
@@ -171,6 +175,9 @@ def setup_table(nv, lc_n, be_n, be_depth=None):
               + (f", {BE_DEPTH_ENV}={be_depth}" if be_depth is not None else "")),
         Setup(BE_ROLE_ALONE, True, None, Launch([nv, "--best-effort"], be_role_env),
               "BE alone under nvtaskset --best-effort (an MPS client; no LC task)"),
+        Setup(BE_MPS_ALONE, True, None, plain, "BE alone, a plain MPS client (no nvtaskset)"),
+        Setup(BE_ROLE_NOMPS_ALONE, False, None, Launch([nv, "--no-mps", "--best-effort"], be_role_env),
+              "BE alone under nvtaskset --no-mps --best-effort (no MPS, no LC task)"),
         Setup(MPS_BE_LOW, True, plain, Launch([], {PRIO_ENV: "1"}),
               f"both MPS clients, no limits, BE at below-normal priority ({PRIO_ENV}=1)"),
         Setup(ROLES_NO_TOPUP, True, Launch([nv, "-n", str(lc_n), "--latency-critical"], {"NVTASKSET_LC_TOPUP": "off"}),
@@ -1114,10 +1121,12 @@ def report(d, summary):
         say()
         say(f"BE alone (whole GPU, {a.window_s:g}-s windows): {fmt_stat(e['be_its'])} it/s, n={e['valid']}, "
             f"{fmt_pair((e['power_mean_w'], e['power_min_w']), 0)} W, {fmt_pair((e['sm_mhz_mean'], e['sm_mhz_min']), 0)} MHz")
-    if BE_ROLE_ALONE in summary["setups"]:
-        e = summary["setups"][BE_ROLE_ALONE]["-"]
-        say(f"BE alone under --best-effort: {fmt_stat(e['be_its'])} it/s, {fmt_ratio(e['be_vs_alone'])} of BE alone, "
-            f"n={e['valid']}")
+    for name, what in ((BE_ROLE_ALONE, "under --best-effort"), (BE_MPS_ALONE, "as a plain MPS client"),
+                       (BE_ROLE_NOMPS_ALONE, "under --no-mps --best-effort")):
+        if name in summary["setups"]:
+            e = summary["setups"][name]["-"]
+            say(f"BE alone {what}: {fmt_stat(e['be_its'])} it/s, {fmt_ratio(e['be_vs_alone'])} of BE alone, "
+                f"n={e['valid']}")
     say("p99.9 of a window of fewer than 1,000 requests is close to its maximum; the JSON also has the "
         "percentiles of all rounds pooled.")
     for k in d.skipped:
