@@ -957,7 +957,8 @@ void work_pop(bool wait) noexcept {
 // makes way for an LC task that became busy meanwhile.
 void work_wait(std::uint64_t key) noexcept {
   if (g_be.work == nullptr || !g_be.any_lc.load(std::memory_order_acquire)) return;
-  if (g_captures.load(std::memory_order_acquire) != 0) return;  // no driver call of ours during a capture
+  const OwnCalls calls;  // no driver call of ours during a capture
+  if (!calls.ok()) return;
   pthread_mutex_lock(&g_be.qmu);
   roles::WorkQueue& q = *g_be.work;
   const auto query = g_drv.event_query.load(std::memory_order_acquire);
@@ -982,7 +983,8 @@ void be_after(CUstream s, bool per_thread, std::uint64_t key, bool floor) noexce
     roles::WorkQueue& q = *g_be.work;
     if (g_be.unchained.exchange(false, std::memory_order_relaxed)) q.gap();
     // (Full: another thread's launches filled it since work_wait.)
-    if (ring_ready(s, per_thread, roles::WorkQueue::kRing, true) && !q.full() &&
+    const OwnCalls calls;
+    if (calls.ok() && ring_ready(s, per_thread, roles::WorkQueue::kRing, true) && !q.full() &&
         record(g_be.events[q.next_slot()], s, per_thread) == CUDA_SUCCESS)
       q.push(key);
     else
@@ -991,7 +993,7 @@ void be_after(CUstream s, bool per_thread, std::uint64_t key, bool floor) noexce
     return;
   }
   ++g_be.count;
-  if (g_be.count % g_be.stride == 0 && ring_ready(s, per_thread, g_be.ring, false)) {
+  if (g_be.count % g_be.stride == 0) {
     const unsigned slot = static_cast<unsigned>((g_be.count / g_be.stride) % g_be.ring);
     // The launch `back` events ago: wait until it ran. On the floor (every
     // busy LC task saturated) the queue may be deeper: its kernels keep off
@@ -1000,13 +1002,24 @@ void be_after(CUstream s, bool per_thread, std::uint64_t key, bool floor) noexce
     // (docs/results.md, "What the best-effort queue costs by itself").
     const unsigned back = floor && g_be.floor_back != 0 ? g_be.floor_back : g_be.back;
     const unsigned w = (slot + g_be.ring - back % g_be.ring) % g_be.ring;
-    if (g_be.recorded[w] &&
-        g_drv.event_query.load(std::memory_order_acquire)(g_be.events[w]) == CUDA_ERROR_NOT_READY)
-      wait_slot(w);
-    g_be.recorded[slot] = record(g_be.events[slot], s, per_thread) == CUDA_SUCCESS;
-    if (g_be.queue_ns != 0) {
-      g_be.recorded_ns[slot] = roles::monotonic_ns();
-      bound_in_time(slot);
+    // The wait and the record each counted against captures on their own
+    // (OwnCalls): a capture that begins during a long wait (it waits 20 ms
+    // at most) must not see the record after it.
+    bool ready = false;
+    {
+      const OwnCalls calls;
+      ready = calls.ok() && ring_ready(s, per_thread, g_be.ring, false);
+      if (ready && g_be.recorded[w] &&
+          g_drv.event_query.load(std::memory_order_acquire)(g_be.events[w]) == CUDA_ERROR_NOT_READY)
+        wait_slot(w);
+    }
+    if (ready) {
+      const OwnCalls calls;
+      g_be.recorded[slot] = calls.ok() && record(g_be.events[slot], s, per_thread) == CUDA_SUCCESS;
+      if (g_be.queue_ns != 0 && calls.ok()) {
+        g_be.recorded_ns[slot] = roles::monotonic_ns();
+        bound_in_time(slot);
+      }
     }
   }
   pthread_mutex_unlock(&g_be.qmu);

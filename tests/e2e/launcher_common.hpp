@@ -34,6 +34,9 @@
 //   --captures N         right after the first launch, N stream captures in
 //                        CUDA's global mode (1 ms each, of nothing); prints
 //                        "captures N invalidated K"
+//   --capture-thread N   the same N captures, 1 ms apart, on a thread of their
+//                        own, while the launches go on (at least until the
+//                        captures end)
 //   --print-regions      after the loop, print "region-fd <link>" for each
 //                        descriptor and "region-map <line>" for each mapping
 //                        of a control region (memfd:nvtaskset.*) this
@@ -92,6 +95,7 @@ struct Options {
   std::string spawn_via = "fork";
   bool print_regions = false;
   long captures = 0;
+  long capture_thread = 0;
 };
 
 inline bool exists(const std::string& path) {
@@ -131,6 +135,7 @@ inline Options parse(int argc, char** argv) {
     else if (a == "--spawn-via") { const char* v = value(); if (!v) usage("--spawn-via needs a method"); o.spawn_via = v; }
     else if (a == "--print-regions") o.print_regions = true;
     else if (a == "--captures") o.captures = number("--captures", value());
+    else if (a == "--capture-thread") o.capture_thread = number("--capture-thread", value());
     else if (a == "--spawn") {
       for (++i; i < argc; ++i) o.spawn.push_back(argv[i]);
       if (o.spawn.empty()) usage("--spawn needs a command");
@@ -204,14 +209,28 @@ inline void sleep_ms(long ms) {
 
 // Launches until `--kernels` are done and, with --until-file, until the file
 // exists. `after_first` runs once, right after the first launch.
+inline void capture_loop(long n, long gap_ms = 0);
+
+// --capture-thread: whether its captures are still under way.
+inline std::atomic<bool> g_capturing{false};
+
 template <class F>
 void run_loop(const Driver& d, const Options& o, F&& after_first) {
   launch_once(d);
   after_first();
+  std::thread capturer;
+  if (o.capture_thread > 0) {
+    g_capturing = true;
+    capturer = std::thread([&] {
+      capture_loop(o.capture_thread, 1);
+      g_capturing = false;
+    });
+  }
   std::atomic<long> launched{1};
   const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   std::atomic<bool> expired{false};
   auto more = [&] {
+    if (g_capturing.load()) return true;
     if (launched.load() < o.kernels) return true;
     if (o.until_file.empty() || exists(o.until_file)) return false;
     if (std::chrono::steady_clock::now() < give_up) return true;
@@ -230,6 +249,7 @@ void run_loop(const Driver& d, const Options& o, F&& after_first) {
   for (long t = 1; t < o.threads; ++t) extra.emplace_back(worker);
   worker();
   for (auto& t : extra) t.join();
+  if (capturer.joinable()) capturer.join();
   if (expired) {
     std::fprintf(stderr, "launcher: %s did not appear within 120 s\n", o.until_file.c_str());
     std::fflush(nullptr);
@@ -320,7 +340,7 @@ inline int spawn_and_wait(const std::vector<std::string>& cmd, const std::string
 // after the first launch; prints "captures N invalidated K". The capture
 // functions are looked up where the program's libcuda.so.1 is (the shim
 // under nvtaskset).
-inline void capture_loop(long n) {
+inline void capture_loop(long n, long gap_ms) {
   using BeginFn = CUresult (*)(CUstream, int);
   using EndFn = CUresult (*)(CUstream, CUgraph*);
   using CreateFn = CUresult (*)(CUstream*, unsigned);
@@ -338,6 +358,7 @@ inline void capture_loop(long n) {
     const CUresult r = end(s, &g);
     if (r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) ++invalidated;
     else check(r, "cuStreamEndCapture");
+    sleep_ms(gap_ms);
   }
   std::printf("captures %ld invalidated %ld\n", n, invalidated);
   std::fflush(stdout);

@@ -1365,6 +1365,29 @@ TEST_F(Roles, BestEffortKernelsTimedTooLongKeepOffAnIdleReservation) {
   stop("lc", *lcp);
 }
 
+// A BE task's own driver calls beside a bursting-free LC task (its queue's
+// events every few launches, the borrow limit's timing of its 1-ms kernels)
+// never break a stream capture that another of its threads makes in CUDA's
+// global mode, where the stand-in, like the GPU, breaks a capture at any
+// other thread's event call: the calls are counted against captures
+// (OwnCalls), so a capture begins during none of them.
+TEST_F(Roles, BestEffortOwnCallsNeverBreakAnotherThreadsCapture) {
+  Proc* lcp = nullptr;
+  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp, true);
+  ASSERT_GT(lc, 0) << lcp->err();
+  ASSERT_TRUE(wait_state(lc, "idle"));
+  Env env = env_;
+  env["FAKECUDA_KERNEL_US"] = "1000";
+  const Result r = run({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "1", "--capture-thread", "300"}, env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_NE(r.out.find("captures 300 invalidated 0"), std::string::npos) << r;
+  const auto recs = records_of(printed_pid(r.out));
+  EXPECT_GT(recs.size(), 1000u) << "it launched while the captures went on";
+  EXPECT_TRUE(std::any_of(recs.begin(), recs.end(), [](const Record& x) { return x.mask == on(0xfc); }))
+      << "its kernels were timed (and kept off the reservation)";
+  stop("lc", *lcp);
+}
+
 TEST_F(Roles, BadBorrowLimitIsOneWarningAndTheTaskRuns) {
   EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_BORROW_US", "1000001"}},
                                    "NVTASKSET_BE_BORROW_US: not a number from 0 to 1000000; using 500"));
