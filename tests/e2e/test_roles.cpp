@@ -82,12 +82,18 @@ class Roles : public E2E {
   // every kernel launched keeps "running" (the hold file), so a BE task's
   // queue fills. Its pid (-1, with the failure added, if it did not start).
   long start_idle_lc_then_hold(Proc** out) {
+    const long lc = start_idle_lc(out);
+    if (lc > 0) touch(hold_);
+    return lc;
+  }
+  // An LC task on TPCs 0-1 that launched once and is idle: its pid (-1,
+  // with the failure added, if it did not start).
+  long start_idle_lc(Proc** out) {
     const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", out, true);
     if (lc <= 0 || !wait_state(lc, "idle")) {
       ADD_FAILURE() << "the idle LC task did not start";
       return -1;
     }
-    touch(hold_);
     return lc;
   }
   // A BE task of 10 launches (with `env`) whose kernels stay "running"
@@ -1311,9 +1317,8 @@ TEST_F(Roles, BestEffortQueueIsBoundedInLearnedWork) {
 // with NVTASKSET_BE_BORROW_US=0.
 TEST_F(Roles, BestEffortKernelsTimedTooLongKeepOffAnIdleReservation) {
   Proc* lcp = nullptr;
-  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp, true);
-  ASSERT_GT(lc, 0) << lcp->err();
-  ASSERT_TRUE(wait_state(lc, "idle"));
+  const long lc = start_idle_lc(&lcp);
+  ASSERT_GT(lc, 0);
   struct Case {
     const char* tag;
     const char* kernel_us;
@@ -1365,7 +1370,7 @@ TEST_F(Roles, BestEffortKernelsTimedTooLongKeepOffAnIdleReservation) {
   stop("lc", *lcp);
 }
 
-// A BE task's own driver calls beside a bursting-free LC task (its queue's
+// A BE task's own driver calls beside an idle LC task (its queue's
 // events every few launches, the borrow limit's timing of its 1-ms kernels)
 // never break a stream capture that another of its threads makes in CUDA's
 // global mode, where the stand-in, like the GPU, breaks a capture at any
@@ -1373,9 +1378,7 @@ TEST_F(Roles, BestEffortKernelsTimedTooLongKeepOffAnIdleReservation) {
 // (OwnCalls), so a capture begins during none of them.
 TEST_F(Roles, BestEffortOwnCallsNeverBreakAnotherThreadsCapture) {
   Proc* lcp = nullptr;
-  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp, true);
-  ASSERT_GT(lc, 0) << lcp->err();
-  ASSERT_TRUE(wait_state(lc, "idle"));
+  ASSERT_GT(start_idle_lc(&lcp), 0);
   Env env = env_;
   env["FAKECUDA_KERNEL_US"] = "1000";
   const Result r = run({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "1", "--capture-thread", "300"}, env);
