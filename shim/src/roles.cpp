@@ -118,6 +118,24 @@ bool create_events(CUevent* events, unsigned n, bool timing = false) noexcept {
   return true;
 }
 
+// Whether the current context is the one `events` were made in, making
+// the `n` of them there at the first call (`owner` is then that context);
+// false in another context, and for good once they could not be made
+// (`failed`).
+bool events_here(CUcontext& owner, bool& failed, CUevent* events, unsigned n, bool timing) noexcept {
+  if (failed) return false;
+  CUcontext ctx = nullptr;
+  if (g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) != CUDA_SUCCESS || ctx == nullptr) return false;
+  if (owner == nullptr) {
+    if (!create_events(events, n, timing)) {
+      failed = true;
+      return false;
+    }
+    owner = ctx;
+  }
+  return ctx == owner;
+}
+
 // A stream call for a launch on `s`: its _ptsz variant for a launch made
 // through a _ptsz entry point, or the per-thread default stream by its
 // handle where that variant is missing.
@@ -484,22 +502,26 @@ void* controller(void*) {
       done = true;
     } else {
       // No driver call while a capture is under way or beginning (begin_capture).
-      g_ctl_calls.fetch_add(1, std::memory_order_seq_cst);
-      if (g_captures.load(std::memory_order_seq_cst) > 0) {
-        g_ctl_calls.fetch_sub(1, std::memory_order_release);
-        sleep_ns(50'000);
+      bool capture = false;
+      {
+        const OwnCalls calls;
+        capture = !calls.ok();
+        if (!capture) {
+          if (!ctx_set) {
+            const CtxSetFn set = g_drv.ctx_set.load(std::memory_order_acquire);
+            ctx_set = set != nullptr && set(g_lc.ctx) == CUDA_SUCCESS;
+          }
+          const CUresult r = g_drv.event_query.load(std::memory_order_acquire)(g_lc.events[slot]);
+          // Any answer but "not ready" ends the wait: an error must not keep
+          // best-effort tasks waiting.
+          done = r != CUDA_ERROR_NOT_READY;
+          if (r == CUDA_SUCCESS) time_launch(slot, launches);
+        }
+      }
+      if (capture) {
+        sleep_ns(50'000);  // (not counted: the capture need not wait for it)
         continue;
       }
-      if (!ctx_set) {
-        const CtxSetFn set = g_drv.ctx_set.load(std::memory_order_acquire);
-        ctx_set = set != nullptr && set(g_lc.ctx) == CUDA_SUCCESS;
-      }
-      const CUresult r = g_drv.event_query.load(std::memory_order_acquire)(g_lc.events[slot]);
-      // Any answer but "not ready" ends the wait: an error must not keep
-      // best-effort tasks waiting.
-      done = r != CUDA_ERROR_NOT_READY;
-      if (r == CUDA_SUCCESS) time_launch(slot, launches);
-      g_ctl_calls.fetch_sub(1, std::memory_order_release);
     }
     if (!done) {
       sleep_ns(10'000);
@@ -918,19 +940,14 @@ void bound_in_time(unsigned newest) noexcept {
   }
 }
 
-// Whether a launch on `s` may be recorded in the event ring now: no capture
-// under way in the task, and the current context is the one whose events
-// the ring holds (`n` of them, created on first use; a task whose creation
-// failed keeps no ring). Under g_be.qmu.
+// Whether a launch on `s` may be recorded in the event ring now: `s` does
+// not capture, and the current context is the one whose events the ring
+// holds (`n` of them, created on first use; a task whose creation failed
+// keeps no ring). Under g_be.qmu, inside OwnCalls (no capture under way in
+// the task).
 bool ring_ready(CUstream s, bool per_thread, unsigned n, bool timing) noexcept {
-  if (g_be.ring_failed || g_captures.load(std::memory_order_acquire) != 0 || capturing(s, per_thread)) return false;
-  CUcontext ctx = nullptr;
-  if (g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) != CUDA_SUCCESS || ctx == nullptr) return false;
-  if (g_be.ctx == nullptr) {
-    if (create_events(g_be.events, n, timing)) g_be.ctx = ctx;
-    else g_be.ring_failed = true;
-  }
-  return ctx == g_be.ctx;
+  if (g_be.ring_failed || capturing(s, per_thread)) return false;
+  return events_here(g_be.ctx, g_be.ring_failed, g_be.events, n, timing);
 }
 
 // The oldest launch of the work queue completed (or is waited for first,
@@ -1254,20 +1271,11 @@ struct Borrow {
 };
 constinit Borrow g_borrow{};
 
-// Whether the timing events can be used now: no capture, the current
-// context the events' (made at the first call). Under g_be.qmu.
+// Whether the timing events can be used now: the current context is the
+// events' (made at the first call). Under g_be.qmu, inside OwnCalls (no
+// capture under way).
 bool borrow_ready() noexcept {
-  if (g_borrow.failed || g_captures.load(std::memory_order_acquire) != 0) return false;
-  CUcontext ctx = nullptr;
-  if (g_drv.ctx_get.load(std::memory_order_acquire)(&ctx) != CUDA_SUCCESS || ctx == nullptr) return false;
-  if (g_borrow.ctx == nullptr) {
-    if (!create_events(&g_borrow.ev[0][0], 2 * roles::BorrowTimer::kPairs, true)) {
-      g_borrow.failed = true;
-      return false;
-    }
-    g_borrow.ctx = ctx;
-  }
-  return ctx == g_borrow.ctx;
+  return events_here(g_borrow.ctx, g_borrow.failed, &g_borrow.ev[0][0], 2 * roles::BorrowTimer::kPairs, true);
 }
 
 // The timed launches that completed teach their durations. Under g_be.qmu.
