@@ -4,9 +4,13 @@
 training (bench/lc_be_mix.py's best-effort task) with no latency-critical task doing anything, so
 that every difference is the shim's own doing, side by side in one run, configurations
 interleaved round by round. Each run also reports the CPU seconds its process used per second
-(all threads: the gatekeeper's wake-ups included).
+(all threads: the gatekeeper's wake-ups included), and the wall time of a launch, on each side
+of it: 20000 adds of one float queued back to back (the launch path on the CPU sets it) and 3000
+of 16M floats (about 30 us each on the GPU: the GPU sets it, gates included).
 
   plain        a plain process
+  plain+lc     the same next to the idle LC task below (no shim in it: what another task's
+               context costs by itself)
   role         nvtaskset --best-effort, no LC task (its queue is its own)
   role+lc      the same next to an idle LC task (nvtaskset -n 16 --latency-critical, one kernel
                launched, then asleep): the queue is bounded to NVTASKSET_BE_DEPTH launches (64),
@@ -19,9 +23,12 @@ interleaved round by round. Each run also reports the CPU seconds its process us
   role+lc wN   NVTASKSET_BE_WORK_US=N: at most N us of work queued, in learned kernel durations
   role+lc b0   NVTASKSET_BE_BORROW_US=0: every kernel borrows the idle reservation, long ones too
                (by default those timed at 500 us or more keep off it)
+  role+lc run  NVTASKSET_BE_YIELD=run: no gate, no hold and no queue bound (what is left: the
+               decision on every launch, the borrow limit's timing); "run d64" with the gate's
+               queue bound of 64 launches
 
 Without MPS (--no-mps; the LC task is idle, so nothing contends). Prints each configuration's
-it/s (median over rounds, min-max) and its ratio to plain. With --compare B, every role+lc
+it/s (median over rounds, min-max) and its ratio to plain, and the same of the launch times. With --compare B, every role+lc
 configuration also runs under nvtaskset build B (its own shim), interleaved ("B: role+lc ...").
 --configs picks some (names as above, comma-separated).
 
@@ -36,6 +43,18 @@ import sys
 import time
 
 HERE = os.path.abspath(__file__)
+
+
+def per_launch_us(torch, x, n):
+    """Wall time per launch of n in-place adds on x, queued back to back (us)."""
+    for _ in range(200):
+        x.add_(1)
+    torch.cuda.synchronize()
+    t = time.monotonic()
+    for _ in range(n):
+        x.add_(1)
+    torch.cuda.synchronize()
+    return (time.monotonic() - t) / n * 1e6
 
 
 def worker(steps):
@@ -53,7 +72,12 @@ def worker(steps):
     torch.cuda.synchronize()
     wall = time.monotonic() - t
     # CPU seconds of all the process's threads (the shim's gatekeeper included) per second
-    print(json.dumps({"its": steps / wall, "cpu": (time.process_time() - c) / wall}), flush=True)
+    res = {"its": steps / wall, "cpu": (time.process_time() - c) / wall}
+    # The two sides of a launch, apart: one float (the launch path on the CPU: the GPU waits
+    # for the CPU), and 16M floats (about 30 us on the GPU each: the CPU waits for the GPU).
+    res["tiny_us"] = per_launch_us(torch, torch.zeros(1, device="cuda"), 20000)
+    res["short_us"] = per_launch_us(torch, torch.zeros(1 << 24, device="cuda"), 3000)
+    print(json.dumps(res), flush=True)
 
 
 IDLE_LC = "import torch, time; torch.zeros(1, device='cuda'); torch.cuda.synchronize(); print('ready', flush=True); time.sleep(3600)"
@@ -82,10 +106,13 @@ def main():
                 ("role+lc t500", {"NVTASKSET_BE_DEPTH": "256", "NVTASKSET_BE_QUEUE_US": "500"}),
                 ("role+lc w250", {"NVTASKSET_BE_WORK_US": "250"}), ("role+lc w500", {"NVTASKSET_BE_WORK_US": "500"}),
                 ("role+lc w1000", {"NVTASKSET_BE_WORK_US": "1000"}),
-                ("role+lc b0", {"NVTASKSET_BE_BORROW_US": "0"})]
-    beside = [(name, role, env) for name, env in variants]
+                ("role+lc b0", {"NVTASKSET_BE_BORROW_US": "0"}),
+                ("role+lc run", {"NVTASKSET_BE_YIELD": "run"}),
+                ("role+lc run d64", {"NVTASKSET_BE_YIELD": "run", "NVTASKSET_BE_DEPTH": "64"})]
+    beside = [("plain+lc", [], {})] + [(name, role, env) for name, env in variants]
     if a.compare:
         beside += [("B: " + name, [a.compare, "--no-mps", "--best-effort"], env) for name, env in variants]
+    # (plain+lc: the same plain process next to the idle LC task, which no shim of its own sees)
     if a.configs:
         keep = set(a.configs.split(",")) | {"plain"}
         keep |= {"B: " + k for k in keep}
@@ -93,6 +120,8 @@ def main():
         beside = [c for c in beside if c[0] in keep]
     got = {name: [] for name, _, _ in alone + beside}
     cpus = {name: [] for name, _, _ in alone + beside}
+    tiny = {name: [] for name, _, _ in alone + beside}
+    short = {name: [] for name, _, _ in alone + beside}
 
     def run(name, prefix, env):
         e = dict(os.environ, **env)
@@ -105,7 +134,10 @@ def main():
             return
         got[name].append(its)
         cpus[name].append(cpu)
-        print(f"  {name}: {its:.2f} it/s, {cpu:.2f} CPU s/s", flush=True)
+        tiny[name].append(res["tiny_us"])
+        short[name].append(res["short_us"])
+        print(f"  {name}: {its:.2f} it/s, {cpu:.2f} CPU s/s; a launch {res['tiny_us']:.2f} us (1 float), "
+              f"{res['short_us']:.2f} us (16M floats)", flush=True)
 
     for r in range(a.rounds):
         print(f"round {r + 1}/{a.rounds}", flush=True)
@@ -125,14 +157,21 @@ def main():
             lc.kill()
             lc.wait()
     base = statistics.median(got["plain"]) if got["plain"] else None
-    print("\nconfiguration       it/s median [min-max]   x plain   CPU s/s (all threads)")
+    tb = statistics.median(tiny["plain"]) if tiny["plain"] else None
+    sb = statistics.median(short["plain"]) if short["plain"] else None
+    print("\nconfiguration       it/s median [min-max]   x plain   CPU s/s (all threads)"
+          "   us a launch: 1 float (x plain), 16M floats (x plain)")
     for name, xs in got.items():
         if not xs:
             print(f"  {name:18s} -")
             continue
         m = statistics.median(xs)
         ratio = f"{m / base:.3f}" if base else "-"
-        print(f"  {name:18s} {m:6.2f} [{min(xs):.2f}-{max(xs):.2f}]   {ratio:7s}   {statistics.median(cpus[name]):.2f}")
+        t, sh = statistics.median(tiny[name]), statistics.median(short[name])
+        tr = f"{t / tb:.3f}" if tb else "-"
+        sr = f"{sh / sb:.3f}" if sb else "-"
+        print(f"  {name:18s} {m:6.2f} [{min(xs):.2f}-{max(xs):.2f}]   {ratio:7s}   {statistics.median(cpus[name]):.2f}"
+              f"   {t:6.2f} ({tr}), {sh:6.2f} ({sr})")
 
 
 if __name__ == "__main__":
