@@ -129,9 +129,6 @@ ROLE_VARIANTS = {
     "roles-deep": ({BE_DEPTH_ENV: "1024", "NVTASKSET_BE_FLOOR_DEPTH": "1024"},
                    f"BE stopped by its gate, 1024 launches queued, on its floor too ({BE_DEPTH_ENV}=1024, "
                    "NVTASKSET_BE_FLOOR_DEPTH=1024)"),
-    "roles-spill": ({"NVTASKSET_BE_DEEP": "floor", "NVTASKSET_BE_FLOOR_DEPTH": "1024"},
-                    "BE launches beyond its queue of 64 go on its floor instead of waiting, 1024 queued at most "
-                    "(NVTASKSET_BE_DEEP=floor, NVTASKSET_BE_FLOOR_DEPTH=1024)"),
 }
 # Other static shapes, LC -n L --exclusive / BE -n B --exclusive (only when named): how many TPCs the
 # LC task needs beyond its reservation to run at its speed alone there next to the BE task (the
@@ -641,7 +638,7 @@ class RolesPoller:
                                                        "topup_size", "topup_ratio", "topup_probes")}
                 elif task.get("role") == "best-effort":
                     rec["be"] = {k: c.get(k) for k in ("state", "launches_held", "held_ms", "launches_on_floor",
-                                                       "queue_waits", "floor_skipped", "kept_off", "queued_deep")}
+                                                       "queue_waits", "floor_skipped", "kept_off")}
             self.trace.append(rec)
             self.done.wait(max(0.0, self.POLL_S - (time.monotonic() - t)))
 
@@ -669,8 +666,7 @@ class RolesPoller:
         out["lc_last_topup_ratio"] = next((x.get("topup_ratio") for x in reversed(lcs) if x.get("topup_ratio")), None)
         out["lc_topup_probes"] = delta(lcs, "topup_probes")
         out["be_states"] = dict(collections.Counter(x.get("state") for x in bes))
-        for k in ("launches_held", "held_ms", "launches_on_floor", "queue_waits", "floor_skipped", "kept_off",
-                  "queued_deep"):
+        for k in ("launches_held", "held_ms", "launches_on_floor", "queue_waits", "floor_skipped", "kept_off"):
             out["be_" + k] = delta(bes, k)
         return out
 
@@ -1017,8 +1013,7 @@ def row_line(r):
                      f"{x['lc_busy_periods']}, heartbeat age max {x['lc_max_heartbeat_age_ms']} ms; BE states "
                      f"{x['be_states']}, held {x['be_launches_held']} ({x['be_held_ms']} ms), on floor "
                      f"{x['be_launches_on_floor']}, off its floor {x['be_floor_skipped']}, queue waits "
-                     f"{x['be_queue_waits']}, kept off the idle reservation {x.get('be_kept_off')}, on the floor beyond "
-                     f"its queue {x.get('be_queued_deep')}")
+                     f"{x['be_queue_waits']}, kept off the idle reservation {x.get('be_kept_off')}")
     return ", ".join(parts)
 
 

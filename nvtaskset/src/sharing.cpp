@@ -302,8 +302,7 @@ int print_status(Devices& devices, bool json) {
                       {"queue_waits", r64(h.queue_waits)},
                       {"floor_skipped", r64(h.floor_skipped)},
                       {"gates_queued", r64(h.gates_queued)},
-                      {"kept_off", r64(h.kept_off)},
-                      {"queued_deep", r64(h.queued_deep)}};
+                      {"kept_off", r64(h.kept_off)}};
         if (r64(h.floor_skipped) != 0 && (i == 0 || rows[i - 1].e->pid != pid))
           notes.push_back("pid " + std::to_string(pid) + " ran " + std::to_string(r64(h.floor_skipped)) +
                           " kernels on its whole partition that should have kept off the latency-critical reservations: their "

@@ -686,11 +686,6 @@ struct BeState {
   // hold, or a depth or a time bound asked for).
   BeYield yield = BeYield::kGate;
   bool bounded = true;
-  // NVTASKSET_BE_DEEP=floor: a launch waits only at the floor's depth
-  // (floor_back), and while the launch `back` strides ago has not run
-  // (`deep`, looked at every stride) the next launches go on the floor.
-  bool spill = false;
-  std::atomic<bool> deep{false};
   CUcontext ctx = nullptr;
   bool ring_failed = false;
   CUevent events[64] = {};
@@ -1023,10 +1018,7 @@ void be_after(CUstream s, bool per_thread, std::uint64_t key, bool floor) noexce
     // TPCs, and a queue of 4 launches cost GPT-2-medium training 22%
     // (docs/results.md, "What the best-effort queue costs by itself").
     const unsigned back = floor && g_be.floor_back != 0 ? g_be.floor_back : g_be.back;
-    // NVTASKSET_BE_DEEP=floor: the launch waits only at the floor's depth;
-    // the queue's depth decides whether the next launches borrow.
-    const unsigned wait_back = g_be.spill ? g_be.floor_back : back;
-    const unsigned w = (slot + g_be.ring - wait_back % g_be.ring) % g_be.ring;
+    const unsigned w = (slot + g_be.ring - back % g_be.ring) % g_be.ring;
     // The wait and the record each counted against captures on their own
     // (OwnCalls): a capture that begins during a long wait (it waits 20 ms
     // at most) must not see the record after it.
@@ -1034,12 +1026,9 @@ void be_after(CUstream s, bool per_thread, std::uint64_t key, bool floor) noexce
     {
       const OwnCalls calls;
       ready = calls.ok() && ring_ready(s, per_thread, g_be.ring, false);
-      const auto query = g_drv.event_query.load(std::memory_order_acquire);
-      if (ready && g_be.spill) {
-        const unsigned b = (slot + g_be.ring - g_be.back % g_be.ring) % g_be.ring;
-        g_be.deep.store(g_be.recorded[b] && query(g_be.events[b]) == CUDA_ERROR_NOT_READY, std::memory_order_relaxed);
-      }
-      if (ready && g_be.recorded[w] && query(g_be.events[w]) == CUDA_ERROR_NOT_READY) wait_slot(w);
+      if (ready && g_be.recorded[w] &&
+          g_drv.event_query.load(std::memory_order_acquire)(g_be.events[w]) == CUDA_ERROR_NOT_READY)
+        wait_slot(w);
     }
     if (ready) {
       const OwnCalls calls;
@@ -1192,10 +1181,7 @@ bool gate_ready() noexcept {
   if (!why.empty()) {
     g_gate.failed = true;
     // Behind no gate the queue is what an LC request waits behind: the
-    // hold's queue, unless one was asked for, none of it on the floor
-    // instead of waiting.
-    g_be.spill = false;
-    g_be.deep.store(false, std::memory_order_relaxed);
+    // hold's queue, unless one was asked for.
     size_queue(g_be.depth_given ? g_be.depth : kDefaultBeDepth,
                g_be.floor_given ? g_be.floor_depth : kDefaultBeFloorDepth);
     warn(("--best-effort: " + why + "; its launches wait on the CPU instead of behind a gate (NVTASKSET_BE_YIELD=hold)")
@@ -1375,12 +1361,6 @@ Launch before(CUstream s, bool per_thread, bool graph, std::uint64_t key) noexce
       if (!l.floor && !graph && borrow_before(s, per_thread, key, l.timed)) {
         l.floor = true;
         if (ctl::Header* h = header()) bump(h->kept_off);
-      } else if (!l.floor && !graph && g_be.deep.load(std::memory_order_relaxed) &&
-                 g_be.any_lc.load(std::memory_order_acquire)) {
-        // NVTASKSET_BE_DEEP=floor: queued behind NVTASKSET_BE_DEPTH launches,
-        // it would run over a reservation if the LC task saturated by then.
-        l.floor = true;
-        if (ctl::Header* h = header()) bump(h->queued_deep);
       }
       if (l.floor) g_floor_users.fetch_add(1, std::memory_order_acq_rel);
       break;
@@ -1633,17 +1613,6 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
       g_be.depth_given = option_value(Option::kBeDepth) != nullptr && !d.bad;
       g_be.floor_given = option_value(Option::kBeFloorDepth) != nullptr && !fd.bad;
       size_queue(g_be.depth, static_cast<unsigned>(fd.value));
-      const Choice<BeDeep> dp = choice_of<Option::kBeDeep>();
-      if (dp.unknown) warn("NVTASKSET_BE_DEEP: not wait or floor; using wait");
-      if (dp.value == BeDeep::kFloor && (g_be.queue_ns != 0 || g_be.work != nullptr))
-        warn("NVTASKSET_BE_DEEP=floor: not with NVTASKSET_BE_QUEUE_US or NVTASKSET_BE_WORK_US; using wait");
-      else if (dp.value == BeDeep::kFloor && !g_gate.on)
-        warn("NVTASKSET_BE_DEEP=floor: only under NVTASKSET_BE_YIELD=gate (under the hold an LC request waits behind "
-             "the whole queue); using wait");
-      else if (dp.value == BeDeep::kFloor && g_be.floor_back <= g_be.back)
-        warn("NVTASKSET_BE_DEEP=floor: NVTASKSET_BE_FLOOR_DEPTH is not deeper than NVTASKSET_BE_DEPTH; using wait");
-      else if (dp.value == BeDeep::kFloor)
-        g_be.spill = true;
       const NumberValue bu = number(Option::kBeBorrowUs, 0, 1'000'000, kDefaultBorrowUs);
       if (bu.bad)
         warn(("NVTASKSET_BE_BORROW_US: not a number from 0 to 1000000; using " + std::to_string(kDefaultBorrowUs))

@@ -1202,59 +1202,6 @@ TEST_F(Roles, BestEffortQueueIsDeepBehindItsGateAndShallowUnderTheHold) {
   stop("lc", *lp);
 }
 
-// NVTASKSET_BE_DEEP=floor: a launch that finds NVTASKSET_BE_DEPTH launches
-// queued goes on the floor instead of waiting, up to NVTASKSET_BE_FLOOR_DEPTH
-// queued, so that at most the depth's launches may borrow a reservation. The
-// kernels held "running" next to an idle LC task, with a depth of 4 and a
-// floor depth of 16: the first 5 launches borrow (the 5th finds 4 queued),
-// the next go on the floor, and the task waits once 16 are queued; when its
-// kernels run, its launches borrow again. --status counts the launches on
-// the floor as queued_deep, not as launches_on_floor (the LC task is idle),
-// and says "running".
-TEST_F(Roles, BestEffortBeyondItsDepthGoesOnTheFloorInsteadOfWaiting) {
-  Proc* lp = nullptr;
-  ASSERT_GT(start_idle_lc_then_hold(&lp), 0);
-  Env env = env_;
-  env["NVTASKSET_BE_DEPTH"] = "4";
-  env["NVTASKSET_BE_FLOOR_DEPTH"] = "16";
-  env["NVTASKSET_BE_DEEP"] = "floor";
-  Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "30"}, env);
-  const nlohmann::json t =
-      wait_task(be.pid, [](const nlohmann::json& x) { return counter(x, "queue_waits") >= 1; }, "a queue wait");
-  const auto queued = records_of(be.pid);
-  ASSERT_GE(queued.size(), 16u);
-  EXPECT_LE(queued.size(), 17u);
-  EXPECT_TRUE(AllOn({queued.begin(), queued.begin() + 5}, kAll)) << "within the depth: they borrow";
-  EXPECT_TRUE(AllOn({queued.begin() + 5, queued.end()}, on(0xfc))) << "beyond it: on the floor, not waiting";
-  EXPECT_EQ(counter(t, "queued_deep"), queued.size() - 5) << t.dump();
-  EXPECT_EQ(counter(t, "launches_on_floor"), 0u) << t.dump();
-  EXPECT_EQ(counter(t, "queue_waits"), 1u) << t.dump();
-  EXPECT_EQ(state(t), "running") << t.dump();
-  fs::remove(hold_);
-  const Result r = be.wait();
-  EXPECT_TRUE(ExitedWith(r, 0)) << r;
-  EXPECT_EQ(r.err, "");
-  const auto recs = records_of(be.pid);
-  ASSERT_EQ(recs.size(), 30u);
-  // The launch after the wait still found the queue deep; from the next on,
-  // nothing queued: they borrow again.
-  EXPECT_TRUE(AllOn({recs.begin() + static_cast<long>(queued.size()) + 2, recs.end()}, kAll));
-  stop("lc", *lp);
-}
-
-// NVTASKSET_BE_DEEP that cannot apply: one warning, and the task waits for
-// its queue (the default).
-TEST_F(Roles, BadDeepQueueIsOneWarningAndTheTaskRuns) {
-  EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_DEEP", "spill"}}, "NVTASKSET_BE_DEEP: not wait or floor; using wait"));
-  EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_DEEP", "floor"}},
-                                   "NVTASKSET_BE_DEEP=floor: NVTASKSET_BE_FLOOR_DEPTH is not deeper than "
-                                   "NVTASKSET_BE_DEPTH; using wait"));
-  EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_DEEP", "floor"}, {"NVTASKSET_BE_YIELD", "hold"}},
-                                   "NVTASKSET_BE_DEEP=floor: only under NVTASKSET_BE_YIELD=gate"));
-  EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_DEEP", "floor"}, {"NVTASKSET_BE_QUEUE_US", "500"}},
-                                   "NVTASKSET_BE_DEEP=floor: not with NVTASKSET_BE_QUEUE_US or NVTASKSET_BE_WORK_US"));
-}
-
 // A gate that cannot be made (here: no mapped host memory, which is pinned
 // and can run out) gives one warning that says so, and the hold with the
 // hold's queue: the queue is then what an LC request waits behind. The

@@ -33,7 +33,7 @@ namespace nvtaskset::ctl {
 inline constexpr std::uint32_t kMagic = 0x5354564eu;  // "NVTS"
 // 2: cluster limits and the widened set in each buffer, the partition epoch,
 // graph and cluster counters in the header. 3: the role words.
-inline constexpr std::uint32_t kVersion = 5;
+inline constexpr std::uint32_t kVersion = 4;
 inline constexpr unsigned kMaxDevices = 8;
 // Cluster sizes counted per size: 1..16 (16 is the largest any GPU runs);
 // index 0 counts launches without clusters.
@@ -123,8 +123,6 @@ struct Header {
   // queued before launches. kept_off: launches made while every
   // latency-critical task was idle that went on the floor all the same, as
   // kernels timed too long to borrow the reservations (NVTASKSET_BE_BORROW_US).
-  // queued_deep: launches that went on the floor instead of waiting for the
-  // task's queue (NVTASKSET_BE_DEEP=floor).
   std::atomic<std::uint32_t> role;
   std::atomic<std::uint32_t> role_state;
   std::atomic<std::uint64_t> launches_held;
@@ -134,7 +132,6 @@ struct Header {
   std::atomic<std::uint64_t> floor_skipped;
   std::atomic<std::uint64_t> gates_queued;
   std::atomic<std::uint64_t> kept_off;
-  std::atomic<std::uint64_t> queued_deep;
   DeviceEntry devices[kMaxDevices];
 };
 

@@ -42,7 +42,6 @@ enum class Option : unsigned {
   kBeFloorDepth,     // NVTASKSET_BE_FLOOR_DEPTH
   kBeGateEvery,      // NVTASKSET_BE_GATE_EVERY
   kBeBorrowUs,       // NVTASKSET_BE_BORROW_US
-  kBeDeep,           // NVTASKSET_BE_DEEP
 };
 
 enum class OptionKind { kChoice, kPath, kInternal, kNumber };
@@ -138,12 +137,6 @@ inline constexpr OptionDesc kOptions[] = {
      "while a latency-critical task exists, a --best-effort task's kernels that its own earlier launches timed at "
      "this many microseconds or more keep off the reservations even while every latency-critical task is idle, so "
      "that no request waits for one of them there; shorter kernels borrow the reservations (0: every kernel does)"},
-    {Option::kBeDeep, "NVTASKSET_BE_DEEP", OptionKind::kChoice, "wait|floor", true,
-     "what a --best-effort task's launch does when NVTASKSET_BE_DEPTH launches are queued while a "
-     "latency-critical task exists: wait for the queue, or go on the floor without waiting, queued up to "
-     "NVTASKSET_BE_FLOOR_DEPTH launches, so that the CPU keeps ahead of the GPU while at most "
-     "NVTASKSET_BE_DEPTH queued launches may borrow the reservations (not with NVTASKSET_BE_QUEUE_US or "
-     "NVTASKSET_BE_WORK_US)"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }
@@ -212,7 +205,6 @@ enum class MpsOtherUser : unsigned { kWait, kFail };
 enum class SmCount : unsigned { kDevice, kPartition };
 enum class BeYield : unsigned { kGate, kHold, kFloor, kRun };
 enum class LcTopup : unsigned { kOn, kOff };
-enum class BeDeep : unsigned { kWait, kFloor };
 
 template <Option O>
 struct ChoiceOf;  // defined for the choice options that have an enum
@@ -249,12 +241,6 @@ struct ChoiceOf<Option::kLcTopup> {
   static constexpr const char* names[] = {"on", "off"};
 };
 
-template <>
-struct ChoiceOf<Option::kBeDeep> {
-  using type = BeDeep;
-  static constexpr const char* names[] = {"wait", "floor"};
-};
-
 template <Option O>
 using choice_t = typename ChoiceOf<O>::type;
 
@@ -280,7 +266,6 @@ static_assert(choice_names_match<Option::kMpsOtherUser>());
 static_assert(choice_names_match<Option::kSmCount>());
 static_assert(choice_names_match<Option::kBeYield>());
 static_assert(choice_names_match<Option::kLcTopup>());
-static_assert(choice_names_match<Option::kBeDeep>());
 
 // A choice option's value: `value` is the default when unset or unknown;
 // `unknown` says the option was set to none of its values (`text`, the
