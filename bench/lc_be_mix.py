@@ -906,6 +906,9 @@ class Driver:
         if "roles_trace" in res:
             r["_roles_trace"] = res["roles_trace"]
             r["roles"] = RolesPoller.summary(res["roles_trace"])
+            stopped = be_stopped_share(r)
+            if stopped is not None:
+                r["be_stopped"] = stopped
         self.say("  " + row_line(r))
         return r
 
@@ -1019,6 +1022,15 @@ def row_line(r):
 
 # ---- summary ----
 
+def be_stopped_share(r):
+    """The share of the window in which the BE task was stopped for the LC task (its gate closed or
+    its launches held: the change of held_ms over the window, from --status), or None."""
+    held = (r.get("roles") or {}).get("be_held_ms")
+    if not isinstance(held, (int, float)) or not r.get("window_s"):
+        return None
+    return min(1.0, max(0.0, held / (1000.0 * r["window_s"])))
+
+
 def stat(rows, key):
     xs = [r[key] for r in rows if r.get(key, "") != ""]
     if not xs:
@@ -1038,7 +1050,7 @@ def summarize(rows, setups, patterns):
         for pname, _ in ([("-", None)] if not s.lc else patterns):
             rs = by[(s.name, pname)]
             keys = ("lc_p50_ms", "lc_p99_ms", "lc_p999_ms", "lc_service_p50_ms", "lc_service_p99_ms", "be_its",
-                    "power_mean_w", "power_min_w", "sm_mhz_mean", "sm_mhz_min")
+                    "be_stopped", "power_mean_w", "power_min_w", "sm_mhz_mean", "sm_mhz_min")
             e = {k: stat(rs, k) for k in keys}
             e["valid"] = len(rs)
             e["rejected"] = sum(1 for r in rows if r["setup"] == s.name and r.get("pattern") == pname and not r["valid"])
@@ -1053,6 +1065,11 @@ def summarize(rows, setups, patterns):
                     m, bm = e[f"lc_{q}_ms"], stat(b, f"lc_{q}_ms")
                     e[f"{q}_vs_{tag}"] = m["median"] / bm["median"] if m and bm else None
             e["be_vs_alone"] = e["be_its"]["median"] / be_alone["median"] if e["be_its"] and be_alone else None
+            # Stopped for a share of the window, the BE can run at most the rest of it: its ceiling,
+            # and how close it came (the cost of the roles while it runs).
+            if e["be_stopped"]:
+                e["be_ceiling"] = 1.0 - e["be_stopped"]["median"]
+                e["be_vs_ceiling"] = e["be_vs_alone"] / e["be_ceiling"] if e["be_vs_alone"] and e["be_ceiling"] else None
             e["target"] = target_verdict(s, pname, e)
             per[pname] = e
         out["setups"][s.name] = per
@@ -1116,6 +1133,15 @@ def report(d, summary):
                 f"{fmt_pair(pw, 0):9s} {fmt_pair(mhz, 0):9s} {e['target']}"
                 + (f"  ({e['rejected']} rejected)" if e["rejected"] else "")
                 + (f"  ({e['be_held']} with BE stalled, kept)" if e["be_held"] else ""))
+        for s in d.setups:
+            if not (s.lc and s.be):
+                continue
+            e = summary["setups"][s.name][pname]
+            if e.get("be_ceiling") is not None:
+                st = e["be_stopped"]
+                say(f"  {s.name}: BE stopped for the LC task {st['median']:.1%} of the window "
+                    f"[{st['min']:.1%}-{st['max']:.1%}], so at most {e['be_ceiling']:.2f} of alone; it ran at "
+                    f"{fmt_ratio(e['be_vs_alone'])}, {fmt_ratio(e['be_vs_ceiling'])} of that")
     if BASE_BE in summary["setups"]:
         e = summary["setups"][BASE_BE]["-"]
         say()
@@ -1144,7 +1170,7 @@ def fmt_pair(pair, digits):
 
 CSV_FIELDS = ["rep", "setup", "pattern", "rate", "window_s", "valid", "reject_reason", "lc_n", "lc_p50_ms",
               "lc_p99_ms", "lc_p999_ms", "lc_mean_ms", "lc_max_ms", "lc_service_p50_ms", "lc_service_p99_ms",
-              "be_steps", "be_its", "be_max_gap_s", "be_median_step_s", "power_mean_w", "power_min_w",
+              "be_steps", "be_its", "be_stopped", "be_max_gap_s", "be_median_step_s", "power_mean_w", "power_min_w",
               "sm_mhz_mean", "sm_mhz_min", "samples", "t0_mono", "note"]
 
 
