@@ -27,7 +27,9 @@ window in which the BE task did not progress (fewer than 2 steps, or a stall) is
 Prints, per setup and pattern: LC p50/p99/p99.9 (ms), median [min-max] over rounds; their ratios
 to LC alone on the whole GPU and to LC alone on its reservation at the same pattern; BE it/s and
 its ratio to BE alone; GPU power (W) and SM clock (MHz), mean/min over the window (NVML, else
-nvidia-smi, every 200 ms); and whether issue 22's target is met.
+nvidia-smi, every 200 ms); and whether issue 22's target is met. For each roles setup, also the
+share of each window in which the BE task was stopped for the LC task (held_ms in --status), the
+BE's ceiling that leaves (1 minus that share) and the BE's throughput as a share of it.
 
     python3 bench/lc_be_mix.py --out DIR [--nvtaskset PATH] [--reps 3] [--window-s 4] [--with-roles]
     python3 bench/lc_be_mix.py --dry-run          # the plan and its estimated time; starts nothing
