@@ -109,10 +109,10 @@ def main():
                 ("role+lc b0", {"NVTASKSET_BE_BORROW_US": "0"}),
                 ("role+lc run", {"NVTASKSET_BE_YIELD": "run"}),
                 ("role+lc run d64", {"NVTASKSET_BE_YIELD": "run", "NVTASKSET_BE_DEPTH": "64"})]
+    # plain+lc: a plain process next to the idle LC task, which no shim of its own sees
     beside = [("plain+lc", [], {})] + [(name, role, env) for name, env in variants]
     if a.compare:
         beside += [("B: " + name, [a.compare, "--no-mps", "--best-effort"], env) for name, env in variants]
-    # (plain+lc: the same plain process next to the idle LC task, which no shim of its own sees)
     if a.configs:
         keep = set(a.configs.split(",")) | {"plain"}
         keep |= {"B: " + k for k in keep}

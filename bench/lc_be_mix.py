@@ -88,7 +88,7 @@ BE_MPS_ALONE, BE_ROLE_NOMPS_ALONE = "be-alone-mps", "be-alone-role-nomps"
 # blocks to the BE's).
 PRIO_ENV, YIELD_ENV = "CUDA_MPS_CLIENT_PRIORITY", "NVTASKSET_BE_YIELD"
 # A --best-effort task's launches in flight while an LC task exists (nvtaskset's options.hpp:
-# 1-1024, default 1024 under the gate, 4 under the hold); --be-depth sets it for every roles setup's BE.
+# 1-1024, default 64 under the gate, 4 under the hold); --be-depth sets it for every roles setup's BE.
 BE_DEPTH_ENV = "NVTASKSET_BE_DEPTH"
 MPS_BE_LOW = "mps-be-low"
 # name -> (the BE's environment beyond the roles setup's, what it is)

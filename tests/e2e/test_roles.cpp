@@ -46,11 +46,13 @@ class Roles : public E2E {
   }
   // An LC task on TPCs 0-1 whose kernels stay "running" (the hold file)
   // and which bursts for as long as a test runs; its pid once it bursts
-  // (-1, with the failure added, if it does not).
-  long start_bursting_lc(Proc** out) {
+  // (-1, with the failure added, if it does not). `one_kernel`: it launches
+  // one kernel and no more, so that once the hold file goes it stays idle
+  // (otherwise it launches every 20 ms).
+  long start_bursting_lc(Proc** out, bool one_kernel = false) {
     env_["NVTASKSET_TEST_BURST_MS"] = "600000";
     touch(hold_);
-    const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", out);
+    const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", out, one_kernel);
     if (lc <= 0) {
       ADD_FAILURE() << (*out)->err();
       return -1;
@@ -994,12 +996,9 @@ TEST_F(Roles, StoppedLatencyCriticalTaskIsStaleAndBestEffortRunsOnItsFloor) {
   // An LC task of one kernel, held "running" (busy, bursting) until hold_
   // goes, then idle for good: one that kept launching would be busy again
   // now and then, and a BE launch then would rightly go on the floor.
-  env_["NVTASKSET_TEST_BURST_MS"] = "600000";
-  touch(hold_);
   Proc* lp = nullptr;
-  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lp, true);
-  ASSERT_GT(lc, 0) << lp->err();
-  ASSERT_TRUE(wait_state(lc, "bursting"));
+  const long lc = start_bursting_lc(&lp, true);
+  ASSERT_GT(lc, 0);
   ASSERT_EQ(::kill(-lc, SIGSTOP), 0);
   ASSERT_TRUE(wait_state(lc, "stale"));
   const Result text = run({kCli, "--status"});
