@@ -4,8 +4,10 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -278,13 +280,31 @@ LcSnapshot snapshot(const Beacon& b) noexcept {
   return s;
 }
 
-namespace {
-
-bool stale(const LcSnapshot& s, std::uint64_t now_ns) noexcept {
+bool is_stale(const LcSnapshot& s, std::uint64_t now_ns) noexcept {
   return now_ns > s.heartbeat_ns && now_ns - s.heartbeat_ns > kStaleNs;
 }
 
+namespace {
+
+bool stale(const LcSnapshot& s, std::uint64_t now_ns) noexcept { return is_stale(s, now_ns); }
+
 }  // namespace
+
+// Shared futexes (no FUTEX_PRIVATE_FLAG): the waiters are other processes,
+// each with its own read-only mapping of the beacon's file.
+void wake_best_effort(const Beacon& b) noexcept {
+  ::syscall(SYS_futex, const_cast<std::uint32_t*>(reinterpret_cast<const std::uint32_t*>(&b.wake)), FUTEX_WAKE,
+            INT32_MAX, nullptr, nullptr, 0);
+}
+
+Wake await_wake(const Beacon& b, std::uint32_t seen, std::uint64_t timeout_ns) noexcept {
+  const timespec ts{static_cast<time_t>(timeout_ns / 1'000'000'000), static_cast<long>(timeout_ns % 1'000'000'000)};
+  if (::syscall(SYS_futex, const_cast<std::uint32_t*>(reinterpret_cast<const std::uint32_t*>(&b.wake)), FUTEX_WAIT,
+                seen, &ts, nullptr, 0) == 0)
+    return Wake::kWoken;
+  if (errno == EAGAIN || errno == EINTR) return Wake::kWoken;
+  return errno == ETIMEDOUT ? Wake::kTimedOut : Wake::kRefused;
+}
 
 BeAction be_action(std::span<const LcSnapshot> lcs, std::uint64_t now_ns) noexcept {
   BeAction a = BeAction::kRun;

@@ -417,6 +417,7 @@ void time_launch(unsigned slot, std::uint64_t seq) noexcept {
 }
 
 void* controller(void*) {
+  ::prctl(PR_SET_NAME, "nvt-controller");  // as top -H and /proc show it
   roles::Beacon& b = *g_lc.beacon.load(std::memory_order_acquire);
   roles::BurstBudget budget(budget_params({}));
   std::uint64_t completed = 0, busy_since = 0;
@@ -449,9 +450,16 @@ void* controller(void*) {
     // A reference probe: best-effort tasks hold as for a burst; the task's
     // own kernels stay on its reservation (adjust reads `probing`).
     const std::uint32_t probe = probing ? 1 : 0;
-    const bool probe_changed = b.probing.exchange(probe, std::memory_order_acq_rel) != probe;
+    const bool probe_changed = b.probing.exchange(probe, std::memory_order_seq_cst) != probe;
     const std::uint32_t may = budget.may_burst() || probing ? 1 : 0;
-    if (b.may_burst.exchange(may, std::memory_order_acq_rel) != may || probe_changed) {
+    const bool may_changed = b.may_burst.exchange(may, std::memory_order_seq_cst) != may;
+    // BE tasks may have to hold again (a busy task may burst, or a probe
+    // begins): gatekeepers asleep on the beacon look now.
+    if ((may_changed && may == 1) || (probe_changed && probe == 1)) {
+      b.wake.fetch_add(1, std::memory_order_seq_cst);
+      roles::wake_best_effort(b);
+    }
+    if (may_changed || probe_changed) {
       // A CUDA graph's kernels keep the mask they were encoded with: a new
       // epoch makes the task's graphs encode again at their next launch
       // (graphs.cpp), with the burst set or without it (a probe that
@@ -618,7 +626,18 @@ std::uint64_t lc_before(CUstream s, bool per_thread, std::uint64_t key) noexcept
     }
     pthread_mutex_unlock(&g_lc.mu);
   }
-  g_lc.beacon.load(std::memory_order_acquire)->launches.store(seq, std::memory_order_release);
+  roles::Beacon& b = *g_lc.beacon.load(std::memory_order_acquire);
+  // Busy from now on. Every earlier launch known complete: the task turns
+  // busy, and BE gatekeepers asleep on its beacon are woken (one system
+  // call a busy period, here in the intercepted call, never in the
+  // callback). Both seq_cst: a gatekeeper reads `wake`, then `completed`,
+  // then `launches`; it cannot see this task idle and miss the wake too
+  // (docs/design.md, "Roles").
+  b.launches.store(seq, std::memory_order_seq_cst);
+  if (b.completed.load(std::memory_order_seq_cst) + 1 == seq) {
+    b.wake.fetch_add(1, std::memory_order_seq_cst);
+    roles::wake_best_effort(b);
+  }
   return seq;
 }
 
@@ -771,6 +790,9 @@ void refresh_or_throw(std::uint64_t now) {
       bool differ = found.size() != g_be.peers->size();
       for (std::size_t i = 0; !differ && i < found.size(); ++i) differ = found[i].beacon != (*g_be.peers)[i].beacon;
       changed = changed || differ;
+      // The gatekeeper may sleep on the one LC task it knew: a new one (or
+      // one gone) is news it must look at now, not at the end of its sleep.
+      if (differ && g_be.peers->size() == 1) roles::wake_best_effort(*(*g_be.peers)[0].beacon);
       *g_be.peers = std::move(found);
     } else if (now >= g_be.next_alive) {
       g_be.next_alive = now + 50'000'000;
@@ -1106,17 +1128,34 @@ struct Gate {
 };
 constinit Gate g_gate{};
 
-// The gatekeeper: the hold decision of be_before, made every 20 us while an
-// LC task exists (every 2 ms while none does), written to the gate. Its
+// The gatekeeper: the hold decision of be_before, written to the gate. Its
 // budgets are the hold's: closed for at most 100 ms in a row and half of its
-// time (for probes, a fifth), whatever the beacons say.
+// time (for probes, a fifth), whatever the beacons say. How often it looks:
+// - while it holds, or may have to without being told (several LC tasks, a
+//   stale one), every 20 us;
+// - next to one LC task that needs no hold, asleep on its beacon's `wake`
+//   (at most 2 ms): the task wakes it when it turns busy, may burst again or
+//   probes. Polling every 20 us there too cost GPT-2-medium training 6
+//   points next to an idle LC task on an H200, 4 of 4 rounds (run 95,
+//   docs/results.md, "The gatekeeper asleep while the LC task is idle");
+// - with no LC task, every 2 ms.
+constexpr std::uint64_t kGatePollNs = 20'000;
+constexpr std::uint64_t kGateSleepNs = 2'000'000;
+
 void* gatekeeper(void*) {
-  ::prctl(PR_SET_TIMERSLACK, 1000UL);  // this thread's sleeps are short: 1-us slack, not 50
+  ::prctl(PR_SET_NAME, "nvt-gatekeeper");  // as top -H and /proc show it
+  ::prctl(PR_SET_TIMERSLACK, 1000UL);     // this thread's sleeps are short: 1-us slack, not 50
+  const NumberValue ts = number(Option::kTestGateSleepMs, 1, 3'600'000, 0);
+  const std::uint64_t asleep_ns = ts.value != 0 ? ts.value * 1'000'000ull : kGateSleepNs;
   std::uint64_t closed_since = 0;
   for (;;) {
     pthread_mutex_lock(&g_be.mu);
     const std::uint64_t now = roles::monotonic_ns();
     be_refresh(now);
+    // The word to sleep on, read before the decision's reads of the beacon
+    // (completed, then launches): a task that turns busy after them bumps it.
+    const roles::Beacon* one = g_be.peers->size() == 1 ? (*g_be.peers)[0].beacon : nullptr;
+    const std::uint32_t seen = one != nullptr ? one->wake.load(std::memory_order_seq_cst) : 0;
     bool probe = false;
     const roles::BeAction a = be_decide(now, probe);
     probe = probe && a == roles::BeAction::kHold;
@@ -1124,6 +1163,10 @@ void* gatekeeper(void*) {
     g_be.hold_budget->advance(now, close && !probe);
     g_be.probe_budget->advance(now, close && probe);
     const bool any = g_be.any_lc.load(std::memory_order_relaxed);
+    // Nothing can call for a hold before the task wakes us: it needs none
+    // now, and its controller is not stale (one that comes back wakes nobody).
+    const bool may_sleep =
+        one != nullptr && a != roles::BeAction::kHold && !roles::is_stale(roles::snapshot(*one), now);
     pthread_mutex_unlock(&g_be.mu);
     // The counters first: whoever sees the gate open also sees its time closed.
     if (ctl::Header* h = header()) {
@@ -1143,7 +1186,9 @@ void* gatekeeper(void*) {
       }
     }
     g_gate.word->store(close ? 1 : 0, std::memory_order_release);
-    sleep_ns(any ? 20'000 : 2'000'000);
+    // (A beacon unmapped meanwhile, or a kernel that refuses the wait: poll.)
+    if (!any) sleep_ns(kGateSleepNs);
+    else if (!may_sleep || roles::await_wake(*one, seen, asleep_ns) == roles::Wake::kRefused) sleep_ns(kGatePollNs);
   }
   return nullptr;
 }

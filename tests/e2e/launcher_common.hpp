@@ -13,6 +13,8 @@
 //   --idle-until F       after the loop, launch nothing more until F exists
 //                        (at most 120 s, then status 5): a task that stays
 //                        alive with no work on the GPU
+//   --launch-when F      while idle (--idle-until), launch one more kernel
+//                        once F exists: a task that turns busy on cue
 //   --threads T          launch from T threads at once (default 1)
 //   --print-env NAME     print "env NAME=value" or "env NAME unset" (repeatable)
 //   --print-libcuda      print "libcuda <path>" for each mapped libcuda* file,
@@ -86,6 +88,7 @@ struct Options {
   std::string until_file;
   std::string ready_file;
   std::string idle_until;
+  std::string launch_when;
   std::vector<std::string> print_env;
   bool print_libcuda = false;
   bool fork_child = false;
@@ -127,6 +130,7 @@ inline Options parse(int argc, char** argv) {
     else if (a == "--until-file") { const char* v = value(); if (!v) usage("--until-file needs a path"); o.until_file = v; }
     else if (a == "--ready-file") { const char* v = value(); if (!v) usage("--ready-file needs a path"); o.ready_file = v; }
     else if (a == "--idle-until") { const char* v = value(); if (!v) usage("--idle-until needs a path"); o.idle_until = v; }
+    else if (a == "--launch-when") { const char* v = value(); if (!v) usage("--launch-when needs a path"); o.launch_when = v; }
     else if (a == "--print-env") { const char* v = value(); if (!v) usage("--print-env needs a name"); o.print_env.push_back(v); }
     else if (a == "--print-libcuda") o.print_libcuda = true;
     else if (a == "--fork") o.fork_child = true;
@@ -403,7 +407,12 @@ inline int main(int argc, char** argv, const Driver& d) {
   if (forked == 0) std::exit(0);
   if (!o.idle_until.empty()) {
     const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    bool woke = o.launch_when.empty();
     while (!exists(o.idle_until)) {
+      if (!woke && exists(o.launch_when)) {
+        launch_once(d);
+        woke = true;
+      }
       if (std::chrono::steady_clock::now() > give_up) {
         std::fprintf(stderr, "launcher: %s did not appear within 120 s\n", o.idle_until.c_str());
         std::fflush(nullptr);

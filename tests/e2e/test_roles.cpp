@@ -8,6 +8,8 @@
 // with a generous deadline) and from the masks the stand-in recorded for
 // each kernel. On the default stand-in GPU (8 TPCs, TPC k = mask bit k),
 // "0xffffffffffffff00" is a kernel on all 8 TPCs.
+#include <sys/syscall.h>
+
 #include "e2e_fixture.hpp"
 
 using namespace e2e;
@@ -26,6 +28,7 @@ class Roles : public E2E {
     E2E::SetUp();
     hold_ = path("hold");
     env_["FAKECUDA_HOLD"] = hold_;
+    env_["NVTASKSET_TEST_GATE_SLEEP_MS"] = "600000";
   }
 
   // A task that launches a kernel every 20 ms until until.<tag> exists;
@@ -367,6 +370,84 @@ TEST_F(Roles, BestEffortGateStopsItsStreamOnTheGpuWhileTheLatencyCriticalTaskBur
   stop("be", *be);
   EXPECT_EQ(be->err().find("NVTASKSET_BE"), std::string::npos) << be->err();
   stop("lc", *lcp);
+}
+
+// Next to one LC task that needs no hold, the BE task's gatekeeper sleeps on
+// the LC task's beacon (a shared futex) instead of polling every 20 us, and
+// the LC task wakes it when it turns busy. The sleep is stretched to 10
+// minutes here (NVTASKSET_TEST_GATE_SLEEP_MS): a wake that went missing
+// would leave the gate open for the rest of the test.
+TEST_F(Roles, BestEffortGatekeeperSleepsNextToAnIdleLatencyCriticalTaskAndIsWokenWhenItTurnsBusy) {
+  env_["NVTASKSET_TEST_BURST_MS"] = "600000";
+  Proc& lcp = start({kCli, "--no-mps", "-t", "0-1", "--latency-critical", kLauncher, "--kernels", "1", "--idle-until",
+                     path("until.lc"), "--launch-when", path("busy.lc"), "--ready-file", path("ready.lc")},
+                    env_);
+  const long lc = wait_ready(path("ready.lc"), lcp);
+  ASSERT_GT(lc, 0) << lcp.err();
+  ASSERT_TRUE(wait_state(lc, "idle"));
+  Env env = env_;
+  const std::string waits = path("waits");
+  env["FAKECUDA_WAITS"] = waits;
+  env["NVTASKSET_TEST_GATE_SLEEP_MS"] = "600000";
+  Proc* be = nullptr;
+  ASSERT_GT(start_task({"--best-effort"}, "be", &be, false, &env), 0) << be->err();
+  // Borrowing: on every TPC, its gates queued open.
+  const std::string open = std::to_string(be->pid) + " wait 0 0";
+  ASSERT_TRUE(wait_until([&] { return read_file(waits).find(open) != std::string::npos; }, kStateWait))
+      << read_file(waits);
+  // Its gatekeeper thread asleep on the beacon: in futex(FUTEX_WAIT) on a
+  // shared word (op 0; a lock's wait is FUTEX_WAIT_PRIVATE, 0x80), not in a
+  // 20-us sleep.
+  const auto asleep_on_beacon = [&] {
+    for (const auto& t : fs::directory_iterator("/proc/" + std::to_string(be->pid) + "/task")) {
+      if (read_file(t.path().string() + "/comm") != "nvt-gatekeeper\n") continue;
+      std::istringstream in(read_file(t.path().string() + "/syscall"));
+      long nr = -1;
+      std::string addr, op;
+      return static_cast<bool>(in >> nr >> addr >> op) && nr == SYS_futex && op == "0x0";
+    }
+    return false;
+  };
+  EXPECT_TRUE(wait_until(asleep_on_beacon, kStateWait)) << "the gatekeeper never slept on the LC task's beacon";
+  // The LC task launches one kernel that keeps "running": it bursts, and the
+  // BE task's gate closes at once, not after the 10-minute sleep.
+  touch(hold_);
+  touch(path("busy.lc"));
+  ASSERT_TRUE(wait_state(lc, "bursting"));
+  EXPECT_TRUE(wait_state(be->pid, "holding")) << be->err();
+  const std::string closed = std::to_string(be->pid) + " wait 1 0";
+  EXPECT_TRUE(wait_until([&] { return read_file(waits).find(closed) != std::string::npos; }, kStateWait))
+      << read_file(waits);
+  fs::remove(hold_);
+  stop("be", *be);
+  stop("lc", lcp);
+}
+
+// Asleep on the one LC task it knew, the gatekeeper is woken by its own
+// task when another LC task appears: the second one's burst stops the BE
+// task's stream as the first one's would.
+TEST_F(Roles, BestEffortGatekeeperAsleepOnOneLatencyCriticalTaskSeesASecondOneBurst) {
+  Proc* first = nullptr;
+  ASSERT_GT(start_idle_lc(&first), 0);
+  Env env = env_;
+  const std::string waits = path("waits");
+  env["FAKECUDA_WAITS"] = waits;
+  Proc* be = nullptr;
+  ASSERT_GT(start_task({"--best-effort"}, "be", &be, false, &env), 0) << be->err();
+  const std::string open = std::to_string(be->pid) + " wait 0 0";
+  ASSERT_TRUE(wait_until([&] { return read_file(waits).find(open) != std::string::npos; }, kStateWait))
+      << read_file(waits);
+  env_["NVTASKSET_TEST_BURST_MS"] = "600000";
+  touch(hold_);
+  Proc* second = nullptr;
+  const long lc2 = start_task({"-t", "2-3", "--latency-critical"}, "lc2", &second, true);
+  ASSERT_GT(lc2, 0) << second->err();
+  ASSERT_TRUE(wait_state(lc2, "bursting"));
+  EXPECT_TRUE(wait_state(be->pid, "holding")) << be->err();
+  fs::remove(hold_);
+  stop("be", *be);
+  stop("lc2", *second);
+  stop("lc", *first);
 }
 
 // A task's first launch is gated too: no LC task has been looked for

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "nvtaskset/control_region.hpp"
@@ -906,6 +908,49 @@ TEST_F(Beacons, ScanFindsAnotherTasksBeaconAndNotItsOwn) {
   EXPECT_EQ(count_marker(all, 5), 1u);
   // Seen from the child's side, ours is another task's.
   EXPECT_EQ(count_marker(scan_beacons(child, {}), 9), 1u);
+}
+
+// A BE gatekeeper sleeps on an LC task's beacon through its own read-only
+// mapping; the LC task wakes it through its read-write one (a shared futex:
+// the key is the file's page, not the address).
+TEST_F(Beacons, AWaitOnAReadOnlyMappingIsWokenThroughTheWritersMapping) {
+  const auto f = BeaconFile::create();
+  Beacon& mine = f->beacon();
+  const std::vector<Peer> seen_by_reader = scan_beacons(0, {});
+  ASSERT_EQ(seen_by_reader.size(), 1u);
+  const Beacon& theirs = *seen_by_reader[0].beacon;
+  ASSERT_NE(static_cast<const void*>(&theirs), static_cast<const void*>(&mine));  // two mappings
+
+  // Nothing wakes it: it times out.
+  EXPECT_EQ(await_wake(theirs, theirs.wake.load(), 1'000'000), Wake::kTimedOut);
+  // The word changed since it was read: it does not sleep at all.
+  const std::uint32_t old = theirs.wake.load();
+  mine.wake.fetch_add(1);
+  EXPECT_EQ(await_wake(theirs, old, 3'600'000'000'000ull), Wake::kWoken);
+
+  // Asleep (in the futex call, as /proc says) for up to a minute, woken by
+  // the writer.
+  std::atomic<int> got{-1};
+  std::atomic<pid_t> tid{0};
+  const std::uint32_t now_seen = theirs.wake.load();
+  std::thread waiter([&] {
+    tid = static_cast<pid_t>(::syscall(SYS_gettid));
+    got = static_cast<int>(await_wake(theirs, now_seen, 60'000'000'000ull));
+  });
+  const auto in_futex = [&] {
+    const pid_t t = tid.load();
+    if (t == 0) return false;
+    std::ifstream in("/proc/self/task/" + std::to_string(t) + "/syscall");
+    long nr = -1;
+    return static_cast<bool>(in >> nr) && nr == SYS_futex;
+  };
+  for (int i = 0; i < 10'000 && !in_futex(); ++i) ::usleep(1000);
+  EXPECT_TRUE(in_futex()) << "the waiter never slept";
+  EXPECT_EQ(got.load(), -1);
+  mine.wake.fetch_add(1);
+  wake_best_effort(mine);
+  waiter.join();
+  EXPECT_EQ(got.load(), static_cast<int>(Wake::kWoken));
 }
 
 TEST_F(Beacons, ScanRemovesTheBeaconOfADeadTask) {

@@ -42,6 +42,7 @@ enum class Option : unsigned {
   kBeFloorDepth,     // NVTASKSET_BE_FLOOR_DEPTH
   kBeGateEvery,      // NVTASKSET_BE_GATE_EVERY
   kBeBorrowUs,       // NVTASKSET_BE_BORROW_US
+  kTestGateSleepMs,  // NVTASKSET_TEST_GATE_SLEEP_MS (tests)
 };
 
 enum class OptionKind { kChoice, kPath, kInternal, kNumber };
@@ -137,6 +138,9 @@ inline constexpr OptionDesc kOptions[] = {
      "while a latency-critical task exists, a --best-effort task's kernels that its own earlier launches timed at "
      "this many microseconds or more keep off the reservations even while every latency-critical task is idle, so "
      "that no request waits for one of them there; shorter kernels borrow the reservations (0: every kernel does)"},
+    {Option::kTestGateSleepMs, "NVTASKSET_TEST_GATE_SLEEP_MS", OptionKind::kInternal, "", false,
+     "FOR TESTS ONLY: a --best-effort task's gatekeeper sleeps this long (instead of 2 ms) on an idle "
+     "latency-critical task's beacon unless woken, so that a test sees a missed wake as a gate that never closes"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }

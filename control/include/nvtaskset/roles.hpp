@@ -53,7 +53,7 @@ std::optional<Role> parse_role(std::string_view s) noexcept;
 // ---- the beacon --------------------------------------------------------------------
 
 inline constexpr std::uint32_t kBeaconMagic = 0x4e42564eu;  // "NVBN"
-inline constexpr std::uint32_t kBeaconVersion = 2;
+inline constexpr std::uint32_t kBeaconVersion = 3;
 inline constexpr unsigned kBeaconDevices = 8;
 
 // One GPU of an LC task: its reservation, what it bursts onto, and its
@@ -107,12 +107,35 @@ struct Beacon {
   // reservation alone).
   std::atomic<std::uint32_t> probing;
   std::atomic<std::uint32_t> topup_probes;  // reference probes made, for --status
+  // Bumped, and its futex woken (wake_best_effort), whenever a BE task may
+  // have to make way: the task turned busy (a launch made while every
+  // earlier one was known complete), or it may burst or probes again. BE
+  // gatekeepers sleep on it while none has to (await_wake) instead of
+  // polling every 20 us: that polling cost GPT-2-medium training 6 points of
+  // its throughput next to an idle LC task on an H200 (run 95,
+  // docs/results.md, "The gatekeeper asleep while the LC task is idle").
+  std::atomic<std::uint32_t> wake;
   BeaconDevice devices[kBeaconDevices];
 };
+
+// Wakes every gatekeeper asleep on `b` (FUTEX_WAKE on the shared mapping:
+// the key is the file's page, so it reaches read-only mappings of other
+// processes, and a read-only mapping may wake too). A system call: from
+// intercepted API calls and the controller, never from the launch callback.
+// The LC task bumps `b.wake` first; a BE task wakes its own gatekeeper this
+// way when the LC tasks it knows change.
+void wake_best_effort(const Beacon& b) noexcept;
+// Sleeps while `b.wake` is still `seen`, at most `timeout_ns`: woken (or
+// the word had changed already, or a signal came), timed out, or refused by
+// the kernel (the caller then polls as before).
+enum class Wake { kWoken, kTimedOut, kRefused };
+Wake await_wake(const Beacon& b, std::uint32_t seen, std::uint64_t timeout_ns) noexcept;
 
 // Beacons are this big (one page), whatever sizeof(Beacon) is.
 inline constexpr std::size_t kBeaconBytes = 4096;
 static_assert(sizeof(Beacon) <= kBeaconBytes);
+// `wake` is a futex: 4 bytes, lock-free.
+static_assert(sizeof(std::atomic<std::uint32_t>) == 4 && std::atomic<std::uint32_t>::is_always_lock_free);
 
 // The LC task's own beacon (read-write mapping), created in status_dir() as
 // "nvtaskset-beacon.<pid>.<16 hex>", mode 0644; removed with the object.
@@ -273,6 +296,7 @@ inline std::uint64_t monotonic_ns() noexcept {
 // stopped or hangs, and BE tasks keep off its reservation without holding
 // for it.
 inline constexpr std::uint64_t kStaleNs = 250'000'000;
+bool is_stale(const LcSnapshot& s, std::uint64_t now_ns) noexcept;
 
 enum class BeAction {
   kRun,    // every LC task idle: launch on the whole partition (borrowing)
