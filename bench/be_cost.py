@@ -29,7 +29,8 @@ of 16M floats (about 30 us each on the GPU: the GPU sets it, gates included).
 
 Without MPS (--no-mps; the LC task is idle, so nothing contends). Prints each configuration's
 it/s (median over rounds, min-max) and its ratio to plain, and the same of the launch times. With --compare B, every role+lc
-configuration also runs under nvtaskset build B (its own shim), interleaved ("B: role+lc ...").
+configuration also runs under nvtaskset build B (its own shim), interleaved ("B: role+lc ..."), next
+to an idle LC task of build B as well (a best-effort task reads only the beacons of its own build).
 --configs picks some (names as above, comma-separated).
 
     python3 bench/be_cost.py --nvtaskset .dev/nvt/bin/nvtaskset [--rounds 2] [--steps 15]
@@ -145,17 +146,22 @@ def main():
             run(name, prefix, env)
         if not beside:
             continue
-        lc = subprocess.Popen([nv, "--no-mps", "-n", "16", "--latency-critical", sys.executable, "-c", IDLE_LC],
-                              stdout=subprocess.PIPE, text=True)
+        # With --compare, an idle LC task of build B too: a best-effort task makes way only for LC tasks
+        # whose beacons it reads, those of its own build (the beacon's version), so each build's
+        # configurations run next to an idle LC task of their own (both idle: another task's idle
+        # context costs nothing, plain+lc).
+        lcs = [subprocess.Popen([b, "--no-mps", "-n", "16", "--latency-critical", sys.executable, "-c", IDLE_LC],
+                                stdout=subprocess.PIPE, text=True) for b in [nv] + ([a.compare] if a.compare else [])]
         try:
-            if lc.stdout.readline().strip() != "ready":
-                print("  the idle LC task did not start", flush=True)
+            if any(lc.stdout.readline().strip() != "ready" for lc in lcs):
+                print("  an idle LC task did not start", flush=True)
                 continue
             for name, prefix, env in beside:
                 run(name, prefix, env)
         finally:
-            lc.kill()
-            lc.wait()
+            for lc in lcs:
+                lc.kill()
+                lc.wait()
     base = statistics.median(got["plain"]) if got["plain"] else None
     tb = statistics.median(tiny["plain"]) if tiny["plain"] else None
     sb = statistics.median(short["plain"]) if short["plain"] else None
