@@ -306,6 +306,43 @@ Wake await_wake(const Beacon& b, std::uint32_t seen, std::uint64_t timeout_ns) n
   return errno == ETIMEDOUT ? Wake::kTimedOut : Wake::kRefused;
 }
 
+namespace {
+
+// struct futex_waitv of linux/futex.h (5.16), spelled out so that the
+// build does not depend on the headers' age; the kernel answers ENOSYS
+// where it lacks the call.
+struct FutexWaitv {
+  std::uint64_t val;
+  std::uint64_t uaddr;
+  std::uint32_t flags;
+  std::uint32_t reserved;
+};
+constexpr long kSysFutexWaitv = 449;    // x86-64 and the generic table alike
+constexpr std::uint32_t kFutex32 = 2;   // FUTEX_32; shared: no FUTEX_PRIVATE_FLAG
+constexpr std::size_t kWaitvMax = 128;  // FUTEX_WAITV_MAX
+
+}  // namespace
+
+Wake await_any_wake(std::span<const Beacon* const> bs, std::span<const std::uint32_t> seen,
+                    std::uint64_t timeout_ns) noexcept {
+  if (bs.empty() || bs.size() != seen.size() || bs.size() > kWaitvMax) return Wake::kRefused;
+  if (bs.size() == 1) return await_wake(*bs[0], seen[0], timeout_ns);
+  FutexWaitv w[kWaitvMax] = {};
+  for (std::size_t i = 0; i < bs.size(); ++i)
+    w[i] = {seen[i], reinterpret_cast<std::uint64_t>(&bs[i]->wake), kFutex32, 0};
+  // futex_waitv's time-out is absolute, on the clock named.
+  timespec at{};
+  ::clock_gettime(CLOCK_MONOTONIC, &at);
+  const std::uint64_t end = static_cast<std::uint64_t>(at.tv_sec) * 1'000'000'000ull +
+                            static_cast<std::uint64_t>(at.tv_nsec) + timeout_ns;
+  at.tv_sec = static_cast<time_t>(end / 1'000'000'000ull);
+  at.tv_nsec = static_cast<long>(end % 1'000'000'000ull);
+  if (::syscall(kSysFutexWaitv, w, static_cast<unsigned>(bs.size()), 0u, &at, CLOCK_MONOTONIC) >= 0)
+    return Wake::kWoken;
+  if (errno == EAGAIN || errno == EINTR) return Wake::kWoken;
+  return errno == ETIMEDOUT ? Wake::kTimedOut : Wake::kRefused;
+}
+
 BeAction be_action(std::span<const LcSnapshot> lcs, std::uint64_t now_ns) noexcept {
   BeAction a = BeAction::kRun;
   for (const LcSnapshot& s : lcs) {

@@ -790,9 +790,10 @@ void refresh_or_throw(std::uint64_t now) {
       bool differ = found.size() != g_be.peers->size();
       for (std::size_t i = 0; !differ && i < found.size(); ++i) differ = found[i].beacon != (*g_be.peers)[i].beacon;
       changed = changed || differ;
-      // The gatekeeper may sleep on the one LC task it knew: a new one (or
-      // one gone) is news it must look at now, not at the end of its sleep.
-      if (differ && g_be.peers->size() == 1) roles::wake_best_effort(*(*g_be.peers)[0].beacon);
+      // The gatekeeper may sleep on the LC tasks it knew (on the first's
+      // word among them): a new one (or one gone) is news it must look at
+      // now, not at the end of its sleep.
+      if (differ && !g_be.peers->empty()) roles::wake_best_effort(*(*g_be.peers)[0].beacon);
       *g_be.peers = std::move(found);
     } else if (now >= g_be.next_alive) {
       g_be.next_alive = now + 50'000'000;
@@ -1131,11 +1132,11 @@ constinit Gate g_gate{};
 // The gatekeeper: the hold decision of be_before, written to the gate. Its
 // budgets are the hold's: closed for at most 100 ms in a row and half of its
 // time (for probes, a fifth), whatever the beacons say. How often it looks:
-// - while it holds, or may have to without being told (several LC tasks, a
-//   stale one), every 20 us;
-// - next to one LC task that needs no hold, asleep on its beacon's `wake`
-//   (at most 2 ms): the task wakes it when it turns busy, may burst again or
-//   probes. Polling every 20 us there too cost GPT-2-medium training 6
+// - while it holds, or may have to without being told (a stale LC task), or
+//   where the kernel refuses the wait below, every 20 us;
+// - next to LC tasks that need no hold, asleep on their beacons' `wake`
+//   words (at most 2 ms; several at once by futex_waitv, Linux 5.16): a
+//   task wakes it when it turns busy, may burst again or probes. Polling every 20 us there too cost GPT-2-medium training 6
 //   points next to an idle LC task on an H200, 4 of 4 rounds (run 95,
 //   docs/results.md, "The gatekeeper asleep while the LC task is idle");
 // - with no LC task, every 2 ms.
@@ -1152,10 +1153,18 @@ void* gatekeeper(void*) {
     pthread_mutex_lock(&g_be.mu);
     const std::uint64_t now = roles::monotonic_ns();
     be_refresh(now);
-    // The word to sleep on, read before the decision's reads of the beacon
-    // (completed, then launches): a task that turns busy after them bumps it.
-    const roles::Beacon* one = g_be.peers->size() == 1 ? (*g_be.peers)[0].beacon : nullptr;
-    const std::uint32_t seen = one != nullptr ? one->wake.load(std::memory_order_seq_cst) : 0;
+    // The words to sleep on, read before the decision's reads of the
+    // beacons (completed, then launches): a task that turns busy after them
+    // bumps its word. (Copied: the peers may change once the lock is let go;
+    // their mappings stay.)
+    const roles::Beacon* on[kMaxPeers];
+    std::uint32_t seen[kMaxPeers];
+    std::size_t n = 0;
+    for (const roles::Peer& p : *g_be.peers) {
+      if (n == kMaxPeers) break;
+      on[n] = p.beacon;
+      seen[n++] = p.beacon->wake.load(std::memory_order_seq_cst);
+    }
     bool probe = false;
     const roles::BeAction a = be_decide(now, probe);
     probe = probe && a == roles::BeAction::kHold;
@@ -1163,10 +1172,10 @@ void* gatekeeper(void*) {
     g_be.hold_budget->advance(now, close && !probe);
     g_be.probe_budget->advance(now, close && probe);
     const bool any = g_be.any_lc.load(std::memory_order_relaxed);
-    // Nothing can call for a hold before the task wakes us: it needs none
-    // now, and its controller is not stale (one that comes back wakes nobody).
-    const bool may_sleep =
-        one != nullptr && a != roles::BeAction::kHold && !roles::is_stale(roles::snapshot(*one), now);
+    // Nothing can call for a hold before a task wakes us: none is needed
+    // now, and no controller is stale (one that comes back wakes nobody).
+    bool may_sleep = n != 0 && n == g_be.peers->size() && a != roles::BeAction::kHold;
+    for (std::size_t i = 0; may_sleep && i < n; ++i) may_sleep = !roles::is_stale(roles::snapshot(*on[i]), now);
     pthread_mutex_unlock(&g_be.mu);
     // The counters first: whoever sees the gate open also sees its time closed.
     if (ctl::Header* h = header()) {
@@ -1188,7 +1197,8 @@ void* gatekeeper(void*) {
     g_gate.word->store(close ? 1 : 0, std::memory_order_release);
     // (A beacon unmapped meanwhile, or a kernel that refuses the wait: poll.)
     if (!any) sleep_ns(kGateSleepNs);
-    else if (!may_sleep || roles::await_wake(*one, seen, asleep_ns) == roles::Wake::kRefused) sleep_ns(kGatePollNs);
+    else if (!may_sleep || roles::await_any_wake({on, n}, {seen, n}, asleep_ns) == roles::Wake::kRefused)
+      sleep_ns(kGatePollNs);
   }
   return nullptr;
 }

@@ -224,6 +224,21 @@ class Roles : public E2E {
     return ::testing::AssertionSuccess();
   }
 
+  // What pid's gatekeeper thread (nvt-gatekeeper) is doing: the fields of
+  // /proc/<pid>/task/<tid>/syscall (the call's number and arguments, or
+  // "running"); none if it has no such thread.
+  static std::vector<std::string> gatekeeper_syscall(long pid) {
+    std::error_code ec;
+    for (const auto& t : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+      if (read_file(t.path().string() + "/comm") != "nvt-gatekeeper\n") continue;
+      std::istringstream in(read_file(t.path().string() + "/syscall"));
+      std::vector<std::string> out;
+      for (std::string f; in >> f;) out.push_back(f);
+      return out;
+    }
+    return {};
+  }
+
   std::string hold_;
 };
 
@@ -399,14 +414,8 @@ TEST_F(Roles, BestEffortGatekeeperSleepsNextToAnIdleLatencyCriticalTaskAndIsWoke
   // shared word (op 0; a lock's wait is FUTEX_WAIT_PRIVATE, 0x80), not in a
   // 20-us sleep.
   const auto asleep_on_beacon = [&] {
-    for (const auto& t : fs::directory_iterator("/proc/" + std::to_string(be->pid) + "/task")) {
-      if (read_file(t.path().string() + "/comm") != "nvt-gatekeeper\n") continue;
-      std::istringstream in(read_file(t.path().string() + "/syscall"));
-      long nr = -1;
-      std::string addr, op;
-      return static_cast<bool>(in >> nr >> addr >> op) && nr == SYS_futex && op == "0x0";
-    }
-    return false;
+    const auto c = gatekeeper_syscall(be->pid);
+    return c.size() > 2 && c[0] == std::to_string(SYS_futex) && c[2] == "0x0";
   };
   EXPECT_TRUE(wait_until(asleep_on_beacon, kStateWait)) << "the gatekeeper never slept on the LC task's beacon";
   // The LC task launches one kernel that keeps "running": it bursts, and the
@@ -421,6 +430,51 @@ TEST_F(Roles, BestEffortGatekeeperSleepsNextToAnIdleLatencyCriticalTaskAndIsWoke
   fs::remove(hold_);
   stop("be", *be);
   stop("lc", lcp);
+}
+
+// Next to several idle LC tasks the gatekeeper sleeps on all their beacons
+// at once (futex_waitv, Linux 5.16; where the kernel lacks it, it polls
+// every 20 us as before), and a burst of any one of them stops the BE task's
+// stream. The sleep is stretched to 10 minutes here, as everywhere in Roles.
+TEST_F(Roles, BestEffortGatekeeperSleepsNextToSeveralIdleLatencyCriticalTasksAndIsWokenByAny) {
+  Proc* first = nullptr;
+  ASSERT_GT(start_idle_lc(&first), 0);
+  env_["NVTASKSET_TEST_BURST_MS"] = "600000";
+  Proc& second = start({kCli, "--no-mps", "-t", "2-3", "--latency-critical", kLauncher, "--kernels", "1",
+                        "--idle-until", path("until.lc2"), "--launch-when", path("busy.lc2"), "--ready-file",
+                        path("ready.lc2")},
+                       env_);
+  const long lc2 = wait_ready(path("ready.lc2"), second);
+  ASSERT_GT(lc2, 0) << second.err();
+  ASSERT_TRUE(wait_state(lc2, "idle"));
+  Env env = env_;
+  const std::string waits = path("waits");
+  env["FAKECUDA_WAITS"] = waits;
+  Proc* be = nullptr;
+  ASSERT_GT(start_task({"--best-effort"}, "be", &be, false, &env), 0) << be->err();
+  const std::string open = std::to_string(be->pid) + " wait 0 0";
+  ASSERT_TRUE(wait_until([&] { return read_file(waits).find(open) != std::string::npos; }, kStateWait))
+      << read_file(waits);
+  errno = 0;
+  const bool waitv = ::syscall(449, nullptr, 0, 0, nullptr, 0) == -1 && errno != ENOSYS;
+  // In futex_waitv (449) where the kernel has it; polling (clock_nanosleep)
+  // where it does not.
+  const std::string want = waitv ? "449" : std::to_string(SYS_clock_nanosleep);
+  EXPECT_TRUE(wait_until(
+      [&] {
+        const auto c = gatekeeper_syscall(be->pid);
+        return !c.empty() && c[0] == want;
+      },
+      kStateWait))
+      << "the gatekeeper was never in syscall " << want;
+  touch(hold_);
+  touch(path("busy.lc2"));
+  ASSERT_TRUE(wait_state(lc2, "bursting"));
+  EXPECT_TRUE(wait_state(be->pid, "holding")) << be->err();
+  fs::remove(hold_);
+  stop("be", *be);
+  stop("lc2", second);
+  stop("lc", *first);
 }
 
 // Asleep on the one LC task it knew, the gatekeeper is woken by its own

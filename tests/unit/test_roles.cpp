@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -951,6 +952,56 @@ TEST_F(Beacons, AWaitOnAReadOnlyMappingIsWokenThroughTheWritersMapping) {
   wake_best_effort(mine);
   waiter.join();
   EXPECT_EQ(got.load(), static_cast<int>(Wake::kWoken));
+}
+
+// Whether this kernel has futex_waitv (Linux 5.16): a call with no waiters
+// is refused with EINVAL where it exists, ENOSYS where it does not.
+bool kernel_has_futex_waitv() {
+  errno = 0;
+  return ::syscall(449, nullptr, 0, 0, nullptr, 0) == -1 && errno != ENOSYS;
+}
+
+// Asleep on several beacons at once, woken by any one of them; where the
+// kernel lacks futex_waitv, refused (the gatekeeper then polls).
+TEST_F(Beacons, AWaitOnSeveralBeaconsIsWokenByAnyOfThem) {
+  const auto f1 = BeaconFile::create();
+  const auto f2 = BeaconFile::create();
+  const std::vector<Peer> peers = scan_beacons(0, {});
+  ASSERT_EQ(peers.size(), 2u);
+  const Beacon* on[2] = {peers[0].beacon, peers[1].beacon};
+  // The second one's writer wakes it: told apart by a mark written through
+  // the writers' mappings.
+  f1->beacon().launches.store(1);
+  f2->beacon().launches.store(2);
+  Beacon& waker = on[1]->launches.load() == 1 ? f1->beacon() : f2->beacon();
+  std::uint32_t seen[2] = {on[0]->wake.load(), on[1]->wake.load()};
+  if (!kernel_has_futex_waitv()) {
+    EXPECT_EQ(await_any_wake(on, seen, 1'000'000), Wake::kRefused);
+    return;
+  }
+  EXPECT_EQ(await_any_wake(on, seen, 1'000'000), Wake::kTimedOut);
+  std::atomic<int> got{-1};
+  std::atomic<pid_t> tid{0};
+  std::thread waiter([&] {
+    tid = static_cast<pid_t>(::syscall(SYS_gettid));
+    got = static_cast<int>(await_any_wake(on, seen, 60'000'000'000ull));
+  });
+  const auto in_waitv = [&] {
+    const pid_t t = tid.load();
+    if (t == 0) return false;
+    std::ifstream in("/proc/self/task/" + std::to_string(t) + "/syscall");
+    long nr = -1;
+    return static_cast<bool>(in >> nr) && nr == 449;
+  };
+  for (int i = 0; i < 10'000 && !in_waitv(); ++i) ::usleep(1000);
+  EXPECT_TRUE(in_waitv()) << "the waiter never slept in futex_waitv";
+  EXPECT_EQ(got.load(), -1);
+  waker.wake.fetch_add(1);
+  wake_best_effort(waker);
+  waiter.join();
+  EXPECT_EQ(got.load(), static_cast<int>(Wake::kWoken));
+  // A word that changed since it was read: no sleep at all.
+  EXPECT_EQ(await_any_wake(on, seen, 60'000'000'000ull), Wake::kWoken);
 }
 
 TEST_F(Beacons, ScanRemovesTheBeaconOfADeadTask) {

@@ -130,6 +130,11 @@ void wake_best_effort(const Beacon& b) noexcept;
 // the kernel (the caller then polls as before).
 enum class Wake { kWoken, kTimedOut, kRefused };
 Wake await_wake(const Beacon& b, std::uint32_t seen, std::uint64_t timeout_ns) noexcept;
+// The same on several beacons at once (seen[i] for bs[i], at most 128):
+// woken by any. One beacon: await_wake; several: futex_waitv (Linux 5.16
+// or later; refused by older kernels, whose callers poll).
+Wake await_any_wake(std::span<const Beacon* const> bs, std::span<const std::uint32_t> seen,
+                    std::uint64_t timeout_ns) noexcept;
 
 // Beacons are this big (one page), whatever sizeof(Beacon) is.
 inline constexpr std::size_t kBeaconBytes = 4096;
