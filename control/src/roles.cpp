@@ -284,12 +284,6 @@ bool is_stale(const LcSnapshot& s, std::uint64_t now_ns) noexcept {
   return now_ns > s.heartbeat_ns && now_ns - s.heartbeat_ns > kStaleNs;
 }
 
-namespace {
-
-bool stale(const LcSnapshot& s, std::uint64_t now_ns) noexcept { return is_stale(s, now_ns); }
-
-}  // namespace
-
 // Shared futexes (no FUTEX_PRIVATE_FLAG): the waiters are other processes,
 // each with its own read-only mapping of the beacon's file.
 void wake_best_effort(const Beacon& b) noexcept {
@@ -317,7 +311,11 @@ struct FutexWaitv {
   std::uint32_t flags;
   std::uint32_t reserved;
 };
-constexpr long kSysFutexWaitv = 449;    // x86-64 and the generic table alike
+#ifdef SYS_futex_waitv
+constexpr long kSysFutexWaitv = SYS_futex_waitv;
+#else
+constexpr long kSysFutexWaitv = 449;  // x86-64's and the generic table's number
+#endif
 constexpr std::uint32_t kFutex32 = 2;   // FUTEX_32; shared: no FUTEX_PRIVATE_FLAG
 constexpr std::size_t kWaitvMax = 128;  // FUTEX_WAITV_MAX
 
@@ -346,7 +344,7 @@ Wake await_any_wake(std::span<const Beacon* const> bs, std::span<const std::uint
 BeAction be_action(std::span<const LcSnapshot> lcs, std::uint64_t now_ns) noexcept {
   BeAction a = BeAction::kRun;
   for (const LcSnapshot& s : lcs) {
-    if (stale(s, now_ns)) {
+    if (is_stale(s, now_ns)) {
       // Its controller stopped: whether the task is busy is unknown, so
       // its reservation is kept free, and nothing waits for it.
       if (a == BeAction::kRun) a = BeAction::kFloor;
@@ -362,7 +360,7 @@ BeAction be_action(std::span<const LcSnapshot> lcs, std::uint64_t now_ns) noexce
 bool hold_is_probe(std::span<const LcSnapshot> lcs, std::uint64_t now_ns) noexcept {
   bool any = false;
   for (const LcSnapshot& s : lcs) {
-    if (stale(s, now_ns) || s.launches == s.completed || !s.may_burst) continue;
+    if (is_stale(s, now_ns) || s.launches == s.completed || !s.may_burst) continue;
     if (!s.probing) return false;
     any = true;
   }
