@@ -162,7 +162,8 @@ namespace {
 // waiting on a FIFO; a regular file of exactly one page; owned by the task's
 // user or root; writable by its owner only; its header names the task and
 // its start time.
-const Beacon* map_trusted(const std::string& path, pid_t pid, std::uint64_t start, uid_t uid) {
+const Beacon* map_trusted(const std::string& path, pid_t pid, std::uint64_t start, uid_t uid,
+                          std::uint32_t* other_version) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return nullptr;
   struct stat st {};
@@ -175,6 +176,10 @@ const Beacon* map_trusted(const std::string& path, pid_t pid, std::uint64_t star
   const auto* b = static_cast<const Beacon*>(m);
   if (b->magic.load(std::memory_order_acquire) != kBeaconMagic || b->version != kBeaconVersion ||
       b->pid != pid || b->start_time != start) {
+    // (pid and start time sit at the same offsets in every version so far.)
+    if (b->magic.load(std::memory_order_acquire) == kBeaconMagic && b->version != kBeaconVersion && b->pid == pid &&
+        b->start_time == start)
+      *other_version = b->version;
     ::munmap(m, kBeaconBytes);
     return nullptr;
   }
@@ -187,7 +192,7 @@ bool peer_alive(const Peer& p) {
   return p.pid > 0 && ctl::process_start_time(p.pid) == p.start_time && !ctl::process_is_zombie_or_dead(p.pid);
 }
 
-std::vector<Peer> scan_beacons(pid_t self, const std::vector<Peer>& known) {
+std::vector<Peer> scan_beacons(pid_t self, const std::vector<Peer>& known, std::vector<OtherBuild>* other_builds) {
   std::vector<Peer> out;
   const std::string dir = ctl::status_dir();
   DIR* d = ::opendir(dir.c_str());
@@ -216,7 +221,9 @@ std::vector<Peer> scan_beacons(pid_t self, const std::vector<Peer>& known) {
     if (have) continue;
     const auto uid = ctl::process_uid(*pid);
     if (!uid) continue;
-    if (const Beacon* b = map_trusted(path, *pid, start, *uid)) out.push_back(Peer{*pid, start, *uid, b});
+    std::uint32_t other = 0;
+    if (const Beacon* b = map_trusted(path, *pid, start, *uid, &other)) out.push_back(Peer{*pid, start, *uid, b});
+    else if (other != 0 && other_builds != nullptr) other_builds->push_back({*pid, other});
   }
   return out;
 }

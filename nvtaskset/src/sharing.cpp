@@ -150,7 +150,8 @@ int print_status(Devices& devices, bool json) {
   }
   // The latency-critical tasks' beacons (roles.hpp): their controllers' state.
   std::map<pid_t, roles::Peer> beacons;
-  for (const roles::Peer& p : roles::scan_beacons(0, {})) beacons[p.pid] = p;
+  std::vector<roles::OtherBuild> other_builds;
+  for (const roles::Peer& p : roles::scan_beacons(0, {}, &other_builds)) beacons[p.pid] = p;
   // Overlaps among rows on the same GPU. A best-effort task borrows the
   // reservations of latency-critical tasks by design: not an overlap.
   auto by_design = [](const ctl::StatusEntry& a, const ctl::StatusEntry& b) {
@@ -283,6 +284,16 @@ int print_status(Devices& devices, bool json) {
           notes.push_back("pid " + std::to_string(pid) + "'s controller has not run for " +
                           std::to_string((now - snap.heartbeat_ns) / 1'000'000) +
                           " ms (stopped or hung): best-effort tasks keep off its reservation and do not wait for it");
+      } else if (const auto o = std::find_if(other_builds.begin(), other_builds.end(),
+                                             [&](const roles::OtherBuild& x) { return x.pid == pid; });
+                 o != other_builds.end()) {
+        // A beacon this build cannot read: not "unstarted", and no best-effort
+        // task of this build makes way for it.
+        role += ":other-build";
+        controller = {{"state", "other-build"}, {"beacon_version", o->version}};
+        notes.push_back("pid " + std::to_string(pid) + " runs another nvtaskset build (beacon version " +
+                        std::to_string(o->version) + ", this one reads " + std::to_string(roles::kBeaconVersion) +
+                        "): best-effort tasks of this build neither make way for it nor keep off its reservation");
       } else {
         role += ":unstarted";  // no beacon yet: the task has not launched a kernel
         controller = {{"state", "unstarted"}};

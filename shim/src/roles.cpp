@@ -785,7 +785,19 @@ void refresh_or_throw(std::uint64_t now) {
     if (s != g_be.stamp || now >= g_be.next_scan) {
       g_be.stamp = s;
       g_be.next_scan = now + 500'000'000;
-      std::vector<roles::Peer> found = roles::scan_beacons(::getpid(), *g_be.peers);
+      std::vector<roles::OtherBuild> other;
+      std::vector<roles::Peer> found = roles::scan_beacons(::getpid(), *g_be.peers, &other);
+      // An LC task of another build: its beacon cannot be read, so this task
+      // neither makes way for it nor keeps off its reservation. Said once.
+      static bool said_other = false;
+      if (!other.empty() && !said_other) {
+        said_other = true;
+        warn(("best-effort: latency-critical task " + std::to_string(other[0].pid) +
+              " runs another nvtaskset build (beacon version " + std::to_string(other[0].version) + ", this one reads " +
+              std::to_string(roles::kBeaconVersion) +
+              "): this task cannot make way for it or keep off its reservation; run one build per machine")
+                 .c_str());
+      }
       if (found.size() > kMaxPeers) found.resize(kMaxPeers);
       bool differ = found.size() != g_be.peers->size();
       for (std::size_t i = 0; !differ && i < found.size(); ++i) differ = found[i].beacon != (*g_be.peers)[i].beacon;

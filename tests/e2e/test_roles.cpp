@@ -907,6 +907,43 @@ TEST_F(Roles, StatusShowsEachTasksRole) {
   stop("be", *bp);
 }
 
+// An LC task of another nvtaskset build (its beacon's layout another
+// version; made here by rewriting the version of a live task's beacon): this
+// build cannot read it, and says so rather than calling it unstarted, in
+// --status and once in a BE task next to it, which cannot make way for it.
+TEST_F(Roles, LatencyCriticalTaskOfAnotherBuildIsSaidNotSilentlyIgnored) {
+  Proc* lp = nullptr;
+  const long lc = start_idle_lc(&lp);
+  ASSERT_GT(lc, 0);
+  const auto files = beacons_of(lc);
+  ASSERT_EQ(files.size(), 1u);
+  {
+    std::fstream f(files[0], std::ios::in | std::ios::out | std::ios::binary);
+    const std::uint32_t version = 2;  // the layout before the wake word (6194ff8)
+    f.seekp(4);                       // after the magic
+    f.write(reinterpret_cast<const char*>(&version), sizeof version);
+  }
+  const nlohmann::json t = task(lc);
+  EXPECT_EQ(state(t), "other-build") << t.dump();
+  EXPECT_EQ(t["controller"].value("beacon_version", 0), 2) << t.dump();
+  EXPECT_EQ(role_column(lc), "lc:other-build");
+  const Result r = run({kCli, "--status"});
+  EXPECT_NE(r.out.find("pid " + std::to_string(lc) + " runs another nvtaskset build (beacon version 2"),
+            std::string::npos)
+      << r;
+  // A BE task next to it: one line, and its kernels on every TPC (it
+  // cannot see the reservation it would keep off).
+  const Result be = run({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "3"});
+  ASSERT_TRUE(ExitedWith(be, 0)) << be;
+  const auto ls = lines_of(be.err);
+  ASSERT_EQ(ls.size(), 1u) << be;
+  EXPECT_NE(ls[0].find("best-effort: latency-critical task " + std::to_string(lc) + " runs another nvtaskset build"),
+            std::string::npos)
+      << be;
+  EXPECT_TRUE(AllOn(records_of(printed_pid(be.out)), kAll));
+  stop("lc", *lp);
+}
+
 // ---- (d) LC reservations are exclusive among LC tasks -----------------------------------
 
 TEST_F(Roles, SecondLatencyCriticalTaskCannotTakeReservedTpcs) {

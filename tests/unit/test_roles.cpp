@@ -1084,9 +1084,15 @@ TEST_F(Beacons, ScanIgnoresFilesALiveTaskWouldNotHaveWritten) {
   fs::create_symlink(target, dir_ + "/" + name_for(child, "00000000000000aa"));
   fs::create_directory(dir_ + "/" + name_for(child, "00000000000000ab"));
 
-  const auto peers = scan_beacons(self, {});
+  std::vector<OtherBuild> other;
+  const auto peers = scan_beacons(self, {}, &other);
   EXPECT_TRUE(peers.empty()) << peers.size() << " untrusted beacons taken, the first with marker "
                              << peers[0].beacon->launches.load();
+  // Of them, only the trusted page of another version is another build's
+  // LC task (said, not taken).
+  ASSERT_EQ(other.size(), 1u);
+  EXPECT_EQ(other[0].pid, child);
+  EXPECT_EQ(other[0].version, kBeaconVersion + 1);
   // Nothing of a live task is removed.
   EXPECT_EQ(beacon_names().size(), 11u);
   // The same group-writable page, made owner-writable only, is trusted.

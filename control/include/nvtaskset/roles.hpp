@@ -191,7 +191,15 @@ struct Peer {
 // owner only, whose header names that task and its start time. Beacons of
 // ended tasks are removed where the caller may. `known` are mappings kept
 // from an earlier scan: reused, not mapped again.
-std::vector<Peer> scan_beacons(pid_t self, const std::vector<Peer>& known);
+// `other_builds`, when given, gets the live tasks whose beacon passes those
+// checks but has another layout (kBeaconVersion): an LC task of another
+// nvtaskset build, which this one can neither read nor make way for.
+struct OtherBuild {
+  pid_t pid = 0;
+  std::uint32_t version = 0;
+};
+std::vector<Peer> scan_beacons(pid_t self, const std::vector<Peer>& known,
+                               std::vector<OtherBuild>* other_builds = nullptr);
 // Whether the task a beacon names is still the one that wrote it.
 bool peer_alive(const Peer& p);
 
