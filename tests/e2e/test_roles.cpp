@@ -224,6 +224,25 @@ class Roles : public E2E {
     return ::testing::AssertionSuccess();
   }
 
+  // A BE task launching every 20 ms ("until.be") whose gate waits the
+  // stand-in appends to `waits`: once one was queued open (its gatekeeper
+  // decided, every LC task idle); nullptr, with the failure added, if not.
+  Proc* start_be_with_open_gate(const std::string& waits) {
+    Env env = env_;
+    env["FAKECUDA_WAITS"] = waits;
+    Proc* be = nullptr;
+    if (start_task({"--best-effort"}, "be", &be, false, &env) <= 0) {
+      ADD_FAILURE() << "the BE task did not start: " << be->err();
+      return nullptr;
+    }
+    const std::string open = std::to_string(be->pid) + " wait 0 0";
+    if (!wait_until([&] { return read_file(waits).find(open) != std::string::npos; }, kStateWait)) {
+      ADD_FAILURE() << "no gate queued open: " << read_file(waits);
+      return nullptr;
+    }
+    return be;
+  }
+
   // What pid's gatekeeper thread (nvt-gatekeeper) is doing: the fields of
   // /proc/<pid>/task/<tid>/syscall (the call's number and arguments, or
   // "running"); none if it has no such thread.
@@ -400,16 +419,9 @@ TEST_F(Roles, BestEffortGatekeeperSleepsNextToAnIdleLatencyCriticalTaskAndIsWoke
   const long lc = wait_ready(path("ready.lc"), lcp);
   ASSERT_GT(lc, 0) << lcp.err();
   ASSERT_TRUE(wait_state(lc, "idle"));
-  Env env = env_;
   const std::string waits = path("waits");
-  env["FAKECUDA_WAITS"] = waits;
-  env["NVTASKSET_TEST_GATE_SLEEP_MS"] = "600000";
-  Proc* be = nullptr;
-  ASSERT_GT(start_task({"--best-effort"}, "be", &be, false, &env), 0) << be->err();
-  // Borrowing: on every TPC, its gates queued open.
-  const std::string open = std::to_string(be->pid) + " wait 0 0";
-  ASSERT_TRUE(wait_until([&] { return read_file(waits).find(open) != std::string::npos; }, kStateWait))
-      << read_file(waits);
+  Proc* be = start_be_with_open_gate(waits);  // borrowing: on every TPC, its gates queued open
+  ASSERT_NE(be, nullptr);
   // Its gatekeeper thread asleep on the beacon: in futex(FUTEX_WAIT) on a
   // shared word (op 0; a lock's wait is FUTEX_WAIT_PRIVATE, 0x80), not in a
   // 20-us sleep.
@@ -447,14 +459,9 @@ TEST_F(Roles, BestEffortGatekeeperSleepsNextToSeveralIdleLatencyCriticalTasksAnd
   const long lc2 = wait_ready(path("ready.lc2"), second);
   ASSERT_GT(lc2, 0) << second.err();
   ASSERT_TRUE(wait_state(lc2, "idle"));
-  Env env = env_;
   const std::string waits = path("waits");
-  env["FAKECUDA_WAITS"] = waits;
-  Proc* be = nullptr;
-  ASSERT_GT(start_task({"--best-effort"}, "be", &be, false, &env), 0) << be->err();
-  const std::string open = std::to_string(be->pid) + " wait 0 0";
-  ASSERT_TRUE(wait_until([&] { return read_file(waits).find(open) != std::string::npos; }, kStateWait))
-      << read_file(waits);
+  Proc* be = start_be_with_open_gate(waits);
+  ASSERT_NE(be, nullptr);
   errno = 0;
   const bool waitv = ::syscall(449, nullptr, 0, 0, nullptr, 0) == -1 && errno != ENOSYS;
   // In futex_waitv (449) where the kernel has it; polling (clock_nanosleep)
@@ -483,14 +490,9 @@ TEST_F(Roles, BestEffortGatekeeperSleepsNextToSeveralIdleLatencyCriticalTasksAnd
 TEST_F(Roles, BestEffortGatekeeperAsleepOnOneLatencyCriticalTaskSeesASecondOneBurst) {
   Proc* first = nullptr;
   ASSERT_GT(start_idle_lc(&first), 0);
-  Env env = env_;
   const std::string waits = path("waits");
-  env["FAKECUDA_WAITS"] = waits;
-  Proc* be = nullptr;
-  ASSERT_GT(start_task({"--best-effort"}, "be", &be, false, &env), 0) << be->err();
-  const std::string open = std::to_string(be->pid) + " wait 0 0";
-  ASSERT_TRUE(wait_until([&] { return read_file(waits).find(open) != std::string::npos; }, kStateWait))
-      << read_file(waits);
+  Proc* be = start_be_with_open_gate(waits);
+  ASSERT_NE(be, nullptr);
   env_["NVTASKSET_TEST_BURST_MS"] = "600000";
   touch(hold_);
   Proc* second = nullptr;

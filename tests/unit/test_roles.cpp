@@ -911,6 +911,20 @@ TEST_F(Beacons, ScanFindsAnotherTasksBeaconAndNotItsOwn) {
   EXPECT_EQ(count_marker(scan_beacons(child, {}), 9), 1u);
 }
 
+// Whether thread `tid` of this process gets into system call `nr` (read
+// from /proc) within 10 s: a waiter asleep where the test wants it.
+bool gets_into_syscall(const std::atomic<pid_t>& tid, long nr) {
+  const auto in = [&] {
+    const pid_t t = tid.load();
+    if (t == 0) return false;
+    std::ifstream f("/proc/self/task/" + std::to_string(t) + "/syscall");
+    long got = -1;
+    return static_cast<bool>(f >> got) && got == nr;
+  };
+  for (int i = 0; i < 10'000 && !in(); ++i) ::usleep(1000);
+  return in();
+}
+
 // A BE gatekeeper sleeps on an LC task's beacon through its own read-only
 // mapping; the LC task wakes it through its read-write one (a shared futex:
 // the key is the file's page, not the address).
@@ -938,15 +952,7 @@ TEST_F(Beacons, AWaitOnAReadOnlyMappingIsWokenThroughTheWritersMapping) {
     tid = static_cast<pid_t>(::syscall(SYS_gettid));
     got = static_cast<int>(await_wake(theirs, now_seen, 60'000'000'000ull));
   });
-  const auto in_futex = [&] {
-    const pid_t t = tid.load();
-    if (t == 0) return false;
-    std::ifstream in("/proc/self/task/" + std::to_string(t) + "/syscall");
-    long nr = -1;
-    return static_cast<bool>(in >> nr) && nr == SYS_futex;
-  };
-  for (int i = 0; i < 10'000 && !in_futex(); ++i) ::usleep(1000);
-  EXPECT_TRUE(in_futex()) << "the waiter never slept";
+  EXPECT_TRUE(gets_into_syscall(tid, SYS_futex)) << "the waiter never slept";
   EXPECT_EQ(got.load(), -1);
   mine.wake.fetch_add(1);
   wake_best_effort(mine);
@@ -986,15 +992,7 @@ TEST_F(Beacons, AWaitOnSeveralBeaconsIsWokenByAnyOfThem) {
     tid = static_cast<pid_t>(::syscall(SYS_gettid));
     got = static_cast<int>(await_any_wake(on, seen, 60'000'000'000ull));
   });
-  const auto in_waitv = [&] {
-    const pid_t t = tid.load();
-    if (t == 0) return false;
-    std::ifstream in("/proc/self/task/" + std::to_string(t) + "/syscall");
-    long nr = -1;
-    return static_cast<bool>(in >> nr) && nr == 449;
-  };
-  for (int i = 0; i < 10'000 && !in_waitv(); ++i) ::usleep(1000);
-  EXPECT_TRUE(in_waitv()) << "the waiter never slept in futex_waitv";
+  EXPECT_TRUE(gets_into_syscall(tid, 449)) << "the waiter never slept in futex_waitv";
   EXPECT_EQ(got.load(), -1);
   waker.wake.fetch_add(1);
   wake_best_effort(waker);
