@@ -174,16 +174,13 @@ const Beacon* map_trusted(const std::string& path, pid_t pid, std::uint64_t star
   ::close(fd);
   if (m == MAP_FAILED) return nullptr;
   const auto* b = static_cast<const Beacon*>(m);
-  if (b->magic.load(std::memory_order_acquire) != kBeaconMagic || b->version != kBeaconVersion ||
-      b->pid != pid || b->start_time != start) {
-    // (pid and start time sit at the same offsets in every version so far.)
-    if (b->magic.load(std::memory_order_acquire) == kBeaconMagic && b->version != kBeaconVersion && b->pid == pid &&
-        b->start_time == start)
-      *other_version = b->version;
-    ::munmap(m, kBeaconBytes);
-    return nullptr;
-  }
-  return b;
+  // (The header sits at the same offsets in every version so far.)
+  const bool names_it = b->magic.load(std::memory_order_acquire) == kBeaconMagic && b->pid == pid &&
+                        b->start_time == start;
+  if (names_it && b->version == kBeaconVersion) return b;
+  if (names_it) *other_version = b->version;  // the task's, of another build
+  ::munmap(m, kBeaconBytes);
+  return nullptr;
 }
 
 }  // namespace

@@ -882,7 +882,8 @@ roles::BeAction yielded(roles::BeAction a) noexcept {
 // `probe`: the hold is for reference probes only (roles::hold_is_probe).
 // Under g_be.mu. No allocation (a vector's first growth could throw there,
 // leaving the lock held): the peers are at most kMaxPeers.
-roles::BeAction be_decide(std::uint64_t now, bool& probe) noexcept {
+// `stale` (when given): whether any LC task's controller is stale.
+roles::BeAction be_decide(std::uint64_t now, bool& probe, bool* stale = nullptr) noexcept {
   roles::LcSnapshot snaps[kMaxPeers];
   std::size_t n = 0;
   for (const roles::Peer& p : *g_be.peers) {
@@ -892,6 +893,8 @@ roles::BeAction be_decide(std::uint64_t now, bool& probe) noexcept {
   const std::span<const roles::LcSnapshot> seen(snaps, n);
   const roles::BeAction a = roles::be_action(seen, now);
   probe = a == roles::BeAction::kHold && roles::hold_is_probe(seen, now);
+  if (stale != nullptr)
+    *stale = std::any_of(seen.begin(), seen.end(), [now](const roles::LcSnapshot& x) { return roles::is_stale(x, now); });
   return a;
 }
 
@@ -1148,9 +1151,10 @@ constinit Gate g_gate{};
 //   where the kernel refuses the wait below, every 20 us;
 // - next to LC tasks that need no hold, asleep on their beacons' `wake`
 //   words (at most 2 ms; several at once by futex_waitv, Linux 5.16): a
-//   task wakes it when it turns busy, may burst again or probes. Polling every 20 us there too cost GPT-2-medium training 6
-//   points next to an idle LC task on an H200, 4 of 4 rounds (run 95,
-//   docs/results.md, "The gatekeeper asleep while the LC task is idle");
+//   task wakes it when it turns busy, may burst again or probes. Polling
+//   every 20 us there too cost GPT-2-medium training 6 points next to an
+//   idle LC task on an H200, 4 of 4 rounds (run 95, docs/results.md, "The
+//   gatekeeper asleep while the LC task is idle");
 // - with no LC task, every 2 ms.
 constexpr std::uint64_t kGatePollNs = 20'000;
 constexpr std::uint64_t kGateSleepNs = 2'000'000;
@@ -1177,8 +1181,8 @@ void* gatekeeper(void*) {
       on[n] = p.beacon;
       seen[n++] = p.beacon->wake.load(std::memory_order_seq_cst);
     }
-    bool probe = false;
-    const roles::BeAction a = be_decide(now, probe);
+    bool probe = false, stale = false;
+    const roles::BeAction a = be_decide(now, probe, &stale);
     probe = probe && a == roles::BeAction::kHold;
     const bool close = a == roles::BeAction::kHold && (probe ? g_be.probe_budget : g_be.hold_budget)->may_burst();
     g_be.hold_budget->advance(now, close && !probe);
@@ -1186,8 +1190,7 @@ void* gatekeeper(void*) {
     const bool any = g_be.any_lc.load(std::memory_order_relaxed);
     // Nothing can call for a hold before a task wakes us: none is needed
     // now, and no controller is stale (one that comes back wakes nobody).
-    bool may_sleep = n != 0 && n == g_be.peers->size() && a != roles::BeAction::kHold;
-    for (std::size_t i = 0; may_sleep && i < n; ++i) may_sleep = !roles::is_stale(roles::snapshot(*on[i]), now);
+    const bool may_sleep = n != 0 && a != roles::BeAction::kHold && !stale;
     pthread_mutex_unlock(&g_be.mu);
     // The counters first: whoever sees the gate open also sees its time closed.
     if (ctl::Header* h = header()) {
