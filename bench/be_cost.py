@@ -17,7 +17,9 @@ of 16M floats (about 30 us each on the GPU: the GPU sets it, gates included).
                a gate queued every 2 launches (never closed: the LC task is idle)
   role+lc hold NVTASKSET_BE_YIELD=hold: no gate; the queue is 4 launches ("hold d16": 16)
   role+lc gN   a gate every N launches (NVTASKSET_BE_GATE_EVERY=N; g64: gates rare, the gatekeeper
-               as often); "g2 d64": 64 launches queued
+               as often; g2: the spacing before the gates were spaced by work); "g2 d64": 64 launches
+               queued
+  role+lc gu250 the gates spaced by 250 us of learned work (NVTASKSET_BE_GATE_US; default 100)
   role+lc dN   the same with NVTASKSET_BE_DEPTH=N (an event every N/4 launches, at most 64 events)
   role+lc t500 NVTASKSET_BE_DEPTH=256 and NVTASKSET_BE_QUEUE_US=500
   role+lc wN   NVTASKSET_BE_WORK_US=N: at most N us of work queued, in learned kernel durations
@@ -25,13 +27,14 @@ of 16M floats (about 30 us each on the GPU: the GPU sets it, gates included).
                (by default those timed at 500 us or more keep off it)
   role+lc run  NVTASKSET_BE_YIELD=run: no gate, no hold and no queue bound (what is left: the
                decision on every launch, the borrow limit's timing); "run d64" with the gate's
-               queue bound of 64 launches
+               queue bound of 64 launches; "run b0" without the timing either (the decision alone)
 
 Without MPS (--no-mps; the LC task is idle, so nothing contends). Prints each configuration's
 it/s (median over rounds, min-max) and its ratio to plain, and the same of the launch times. With --compare B, every role+lc
 configuration also runs under nvtaskset build B (its own shim), interleaved ("B: role+lc ..."), next
 to an idle LC task of build B as well (a best-effort task reads only the beacons of its own build).
---configs picks some (names as above, comma-separated).
+--configs picks some (names as above, comma-separated; with --compare each also under B, unless
+some are named "B: ..." themselves, which are then the only ones under B).
 
     python3 bench/be_cost.py --nvtaskset .dev/nvt/bin/nvtaskset [--rounds 2] [--steps 15]
 """
@@ -100,7 +103,8 @@ def main():
     hold = {"NVTASKSET_BE_YIELD": "hold"}
     variants = [("role+lc", {}), ("role+lc hold", hold), ("role+lc hold d16", {**hold, "NVTASKSET_BE_DEPTH": "16"}),
                 ("role+lc g1", {"NVTASKSET_BE_GATE_EVERY": "1"}), ("role+lc g4", {"NVTASKSET_BE_GATE_EVERY": "4"}),
-                ("role+lc g64", {"NVTASKSET_BE_GATE_EVERY": "64"}),
+                ("role+lc g64", {"NVTASKSET_BE_GATE_EVERY": "64"}), ("role+lc g2", {"NVTASKSET_BE_GATE_EVERY": "2"}),
+                ("role+lc gu250", {"NVTASKSET_BE_GATE_US": "250"}),
                 ("role+lc g2 d64", {"NVTASKSET_BE_DEPTH": "64"}),
                 ("role+lc d16", {"NVTASKSET_BE_DEPTH": "16"}),
                 ("role+lc d64", {"NVTASKSET_BE_DEPTH": "64"}), ("role+lc d1024", {"NVTASKSET_BE_DEPTH": "1024"}),
@@ -108,7 +112,9 @@ def main():
                 ("role+lc w250", {"NVTASKSET_BE_WORK_US": "250"}), ("role+lc w500", {"NVTASKSET_BE_WORK_US": "500"}),
                 ("role+lc w1000", {"NVTASKSET_BE_WORK_US": "1000"}),
                 ("role+lc b0", {"NVTASKSET_BE_BORROW_US": "0"}),
+                ("role+lc g64 b0", {"NVTASKSET_BE_GATE_EVERY": "64", "NVTASKSET_BE_BORROW_US": "0"}),
                 ("role+lc run", {"NVTASKSET_BE_YIELD": "run"}),
+                ("role+lc run b0", {"NVTASKSET_BE_YIELD": "run", "NVTASKSET_BE_BORROW_US": "0"}),
                 ("role+lc run d64", {"NVTASKSET_BE_YIELD": "run", "NVTASKSET_BE_DEPTH": "64"})]
     # plain+lc: a plain process next to the idle LC task, which no shim of its own sees
     beside = [("plain+lc", [], {})] + [(name, role, env) for name, env in variants]
@@ -116,7 +122,8 @@ def main():
         beside += [("B: " + name, [a.compare, "--no-mps", "--best-effort"], env) for name, env in variants]
     if a.configs:
         keep = set(a.configs.split(",")) | {"plain"}
-        keep |= {"B: " + k for k in keep}
+        if not any(k.startswith("B: ") for k in keep):
+            keep |= {"B: " + k for k in keep}
         alone = [c for c in alone if c[0] in keep]
         beside = [c for c in beside if c[0] in keep]
     got = {name: [] for name, _, _ in alone + beside}

@@ -431,7 +431,7 @@ void WorkQueue::pop(std::int64_t elapsed_ns) noexcept {
 
 // ---- kernels too long to borrow ---------------------------------------------------------
 
-int BorrowTimer::start(std::uint64_t key) noexcept {
+int KernelTimer::start(std::uint64_t key) noexcept {
   const bool due = ++launches_ % kEvery == 0;
   int free = -1;
   for (unsigned i = 0; i < kPairs; ++i) {
@@ -448,16 +448,37 @@ int BorrowTimer::start(std::uint64_t key) noexcept {
   return free;
 }
 
-void BorrowTimer::ended(int pair, bool ok) noexcept {
+void KernelTimer::ended(int pair, bool ok) noexcept {
   if (pair < 0 || pair >= static_cast<int>(kPairs) || pairs_[pair].state != State::kStarted) return;
   if (ok) pairs_[pair].state = State::kRecorded;
   else pairs_[pair] = {};
 }
 
-void BorrowTimer::finish(int pair, std::int64_t elapsed_ns) noexcept {
+void KernelTimer::finish(int pair, std::int64_t elapsed_ns) noexcept {
   if (!pending(pair)) return;
   if (elapsed_ns >= 0) durations_.learn(pairs_[pair].key, static_cast<std::uint64_t>(elapsed_ns));
   pairs_[pair] = {};
+}
+
+bool GateLane::next(const GateSpacing& s, std::uint64_t kernel_ns) noexcept {
+  if (s.every != 0) {
+    const bool gate = n_ % s.every == 0;
+    ++n_;
+    return gate;
+  }
+  const bool unknown = kernel_ns == GateSpacing::kUnknown;
+  const std::uint64_t k = unknown ? 0 : kernel_ns;
+  const bool gate = gate_next_ || unknown || n_ >= s.max_launches || work_ns_ + k > s.work_ns;
+  if (gate) {
+    n_ = 0;
+    work_ns_ = 0;
+  }
+  ++n_;
+  work_ns_ += k;
+  // After a kernel not timed yet, or one longer than the bound, the next
+  // one gets a gate of its own.
+  gate_next_ = unknown || work_ns_ > s.work_ns;
+  return gate;
 }
 
 // ---- the top-up ---------------------------------------------------------------------------

@@ -1080,6 +1080,94 @@ void be_after(CUstream s, bool per_thread, std::uint64_t key, bool floor) noexce
   pthread_mutex_unlock(&g_be.qmu);
 }
 
+// ---- best-effort: kernels too long to borrow (NVTASKSET_BE_BORROW_US) ------------------
+//
+// While every LC task is idle a BE kernel borrows the reservations, and an
+// LC request arriving then waits on its reservation for it to end
+// (roles.hpp, KernelTimer: GPT-2-medium training's three 2.9-4.4-ms sm75
+// GEMMs put more than 2 ms of BE work in the way of 5-7% of arrivals; H200,
+// run 83). Kernels its own launches timed at the limit or more go on the
+// floor instead. A launch is timed by two events around it (the start
+// recorded after any gate: the time between them is the kernel's, queued
+// or not), only while every LC task is idle: a kernel not timed yet, then
+// one launch in 64, at most 4 at a time; their completions are read at
+// later launches (once in 16). No driver call of this while a capture is
+// under way. The same durations space the gates (gate_before).
+constexpr unsigned kDefaultBorrowUs = 500;
+
+struct Timing {
+  roles::KernelTimer* timer = nullptr;  // nullptr: nothing timed (every kernel borrows, gates by count)
+  CUcontext ctx = nullptr;              // the events' context (the first used)
+  bool failed = false;                  // the events could not be made
+  CUevent ev[roles::KernelTimer::kPairs][2] = {};
+};
+constinit Timing g_timing{};
+
+// Whether the timing events can be used now: the current context is the
+// events' (made at the first call). Under g_be.qmu, inside OwnCalls (no
+// capture under way).
+bool timing_ready() noexcept {
+  return events_here(g_timing.ctx, g_timing.failed, &g_timing.ev[0][0], 2 * roles::KernelTimer::kPairs, true);
+}
+
+// The timed launches that completed teach their durations, once in
+// KernelTimer::kPollEvery launches. Under g_be.qmu.
+void timing_poll() noexcept {
+  roles::KernelTimer& t = *g_timing.timer;
+  if (!t.poll_due()) return;
+  const OwnCalls calls;
+  if (!calls.ok() || !timing_ready()) return;
+  const auto query = g_drv.event_query.load(std::memory_order_acquire);
+  const auto elapsed = g_drv.event_elapsed.load(std::memory_order_acquire);
+  for (unsigned i = 0; i < roles::KernelTimer::kPairs; ++i) {
+    const int p = static_cast<int>(i);
+    if (!t.pending(p)) continue;
+    const CUresult q = query(g_timing.ev[i][1]);
+    if (q == CUDA_ERROR_NOT_READY) continue;
+    float ms = -1;
+    const bool read = q == CUDA_SUCCESS && elapsed(&ms, g_timing.ev[i][0], g_timing.ev[i][1]) == CUDA_SUCCESS;
+    t.finish(p, read && ms >= 0 ? static_cast<std::int64_t>(static_cast<double>(ms) * 1e6) : -1);
+  }
+}
+
+// Before a best-effort kernel launch that would borrow (every LC task
+// idle): whether it goes on the floor instead, a kernel timed too long;
+// `pair` the events that time this launch (-1: none).
+bool borrow_before(CUstream s, bool per_thread, std::uint64_t key, int& pair) noexcept {
+  pair = -1;
+  if (g_timing.timer == nullptr || !g_be.any_lc.load(std::memory_order_acquire)) return false;
+  pthread_mutex_lock(&g_be.qmu);
+  timing_poll();
+  roles::KernelTimer& t = *g_timing.timer;
+  const bool off = !t.borrows(key);
+  // The driver calls (the context, the capture check, the record) only for
+  // a launch that is timed.
+  pair = t.start(key);
+  if (pair >= 0) {
+    const OwnCalls calls;
+    if (!calls.ok() || !timing_ready() || capturing(s, per_thread) ||
+        record(g_timing.ev[pair][0], s, per_thread) != CUDA_SUCCESS) {
+      t.ended(pair, false);
+      pair = -1;
+    }
+  }
+  pthread_mutex_unlock(&g_be.qmu);
+  return off;
+}
+
+// After it: the end event of a timed launch (none for a launch that failed).
+void borrow_after(int pair, CUstream s, bool per_thread, bool launched) noexcept {
+  if (pair < 0) return;
+  pthread_mutex_lock(&g_be.qmu);
+  bool ok = false;
+  if (launched) {
+    const OwnCalls calls;
+    ok = calls.ok() && record(g_timing.ev[pair][1], s, per_thread) == CUDA_SUCCESS;
+  }
+  g_timing.timer->ended(pair, ok);
+  pthread_mutex_unlock(&g_be.qmu);
+}
+
 // ---- best-effort: the gate on the GPU (NVTASKSET_BE_YIELD=gate) -----------------------
 //
 // Held on the CPU, a launch waits before the driver sees it, so what an LC
@@ -1108,8 +1196,12 @@ constexpr unsigned kHostAllocDeviceMap = 0x2; // CU_MEMHOSTALLOC_DEVICEMAP
 // A gate every 2 launches: next to GPT-2-medium training it took 0.22-0.42x
 // off the open loop's LC p99 where every 4 took 0.04 (H200, runs 69-70), and
 // on an H100 it gave the training 13-15 points more than the hold at the same
-// or a better tail, where every launch gave less of both (run 72).
+// or a better tail, where every launch gave less of both (run 72). What
+// spaces the gates where the task's kernels are timed (roles::GateLane).
 constexpr unsigned kDefaultGateEvery = 2;
+// By default the gates are spaced by learned work instead (roles::GateSpacing):
+// at most this much between two, or one kernel longer.
+constexpr unsigned kDefaultGateUs = 100;
 // Under the gate the queue no longer sets the give-back (an LC request waits
 // behind the kernels before the next gate, not behind the queue: an LC probe
 // waited as long behind 1.5- and 6-ms matmuls with 1024 launches queued as
@@ -1127,7 +1219,7 @@ constexpr unsigned kGateLanes = 16;
 
 struct Gate {
   bool on = false;        // NVTASKSET_BE_YIELD=gate, and the driver has the calls
-  unsigned every = kDefaultGateEvery;
+  roles::GateSpacing spacing{kDefaultGateEvery, 0};
   // In mapped host memory (one page), created in the task's context at its
   // first gated launch: 0 open, 1 closed. Written by the gatekeeper only.
   std::atomic<std::uint32_t>* word = nullptr;
@@ -1139,7 +1231,7 @@ struct Gate {
   struct Lane {
     CUstream s = nullptr;
     bool per_thread = false;
-    unsigned n = 0;
+    roles::GateLane since;
   } lanes[kGateLanes];
 };
 constinit Gate g_gate{};
@@ -1261,10 +1353,11 @@ bool gate_ready() noexcept {
   return true;
 }
 
-// Before a launch on `s` under the gate: the gate, if this stream's launches
-// since its last one reached NVTASKSET_BE_GATE_EVERY (its first launch gets
+// Before a launch of `key` on `s` under the gate: the gate, where the
+// stream's lane says (roles::GateLane: by the learned work since its last
+// one, or every NVTASKSET_BE_GATE_EVERY launches; its first launch gets
 // one). False when the gate cannot be used (the launch then holds on the CPU).
-bool gate_before(CUstream s, bool per_thread) noexcept {
+bool gate_before(CUstream s, bool per_thread, std::uint64_t key) noexcept {
   if (!g_be.looked.load(std::memory_order_acquire)) {
     // The task's first launch: look for LC tasks now, or it would go
     // ungated beside one that bursts.
@@ -1279,8 +1372,12 @@ bool gate_before(CUstream s, bool per_thread) noexcept {
   if (ok) {
     const std::uintptr_t k = reinterpret_cast<std::uintptr_t>(s) ^ (per_thread ? 0x9e37u : 0u);
     Gate::Lane& lane = g_gate.lanes[(k ^ (k >> 4) ^ (k >> 12)) % kGateLanes];
-    if (lane.s != s || lane.per_thread != per_thread) lane = {s, per_thread, 0};
-    if (lane.n++ % g_gate.every == 0) {
+    if (lane.s != s || lane.per_thread != per_thread) lane = {s, per_thread, {}};
+    // (The timer is read under g_be.qmu, where it learns.)
+    const std::uint64_t ns = g_timing.timer != nullptr
+                                 ? g_timing.timer->durations().estimate(key, roles::GateSpacing::kUnknown)
+                                 : roles::GateSpacing::kUnknown;
+    if (lane.since.next(g_gate.spacing, ns)) {
       if (capturing(s, per_thread)) {
         ok = false;  // work captured into a graph never ran here: hold it on the CPU
       } else {
@@ -1289,7 +1386,7 @@ bool gate_before(CUstream s, bool per_thread) noexcept {
         if (ok) {
           if (ctl::Header* h = header()) bump(h->gates_queued);
         } else {
-          lane.n = 0;  // the next launch tries again
+          lane.since.reset();  // the next launch tries again
         }
       }
     }
@@ -1319,99 +1416,13 @@ bool be_before_gate() {
   return a != roles::BeAction::kRun;
 }
 
-// ---- best-effort: kernels too long to borrow (NVTASKSET_BE_BORROW_US) ------------------
-//
-// While every LC task is idle a BE kernel borrows the reservations, and an
-// LC request arriving then waits on its reservation for it to end
-// (roles.hpp, BorrowTimer: GPT-2-medium training's three 2.9-4.4-ms sm75
-// GEMMs put more than 2 ms of BE work in the way of 5-7% of arrivals; H200,
-// run 83). Kernels its own launches timed at the limit or more go on the
-// floor instead. A launch is timed by two events around it (the start
-// recorded after any gate: the time between them is the kernel's, queued
-// or not), only while every LC task is idle: a kernel not timed yet, then
-// one launch in 64, at most 4 at a time; their completions are read at
-// later launches. No driver call of this while a capture is under way.
-constexpr unsigned kDefaultBorrowUs = 500;
-
-struct Borrow {
-  roles::BorrowTimer* timer = nullptr;  // nullptr: every kernel borrows
-  CUcontext ctx = nullptr;              // the events' context (the first used)
-  bool failed = false;                  // the events could not be made
-  CUevent ev[roles::BorrowTimer::kPairs][2] = {};
-};
-constinit Borrow g_borrow{};
-
-// Whether the timing events can be used now: the current context is the
-// events' (made at the first call). Under g_be.qmu, inside OwnCalls (no
-// capture under way).
-bool borrow_ready() noexcept {
-  return events_here(g_borrow.ctx, g_borrow.failed, &g_borrow.ev[0][0], 2 * roles::BorrowTimer::kPairs, true);
-}
-
-// The timed launches that completed teach their durations. Under g_be.qmu.
-void borrow_poll() noexcept {
-  roles::BorrowTimer& t = *g_borrow.timer;
-  if (!t.any_pending()) return;
-  const OwnCalls calls;
-  if (!calls.ok() || !borrow_ready()) return;
-  const auto query = g_drv.event_query.load(std::memory_order_acquire);
-  const auto elapsed = g_drv.event_elapsed.load(std::memory_order_acquire);
-  for (unsigned i = 0; i < roles::BorrowTimer::kPairs; ++i) {
-    const int p = static_cast<int>(i);
-    if (!t.pending(p)) continue;
-    const CUresult q = query(g_borrow.ev[i][1]);
-    if (q == CUDA_ERROR_NOT_READY) continue;
-    float ms = -1;
-    const bool read = q == CUDA_SUCCESS && elapsed(&ms, g_borrow.ev[i][0], g_borrow.ev[i][1]) == CUDA_SUCCESS;
-    t.finish(p, read && ms >= 0 ? static_cast<std::int64_t>(static_cast<double>(ms) * 1e6) : -1);
-  }
-}
-
-// Before a best-effort kernel launch that would borrow (every LC task
-// idle): whether it goes on the floor instead, a kernel timed too long;
-// `pair` the events that time this launch (-1: none).
-bool borrow_before(CUstream s, bool per_thread, std::uint64_t key, int& pair) noexcept {
-  pair = -1;
-  if (g_borrow.timer == nullptr || !g_be.any_lc.load(std::memory_order_acquire)) return false;
-  pthread_mutex_lock(&g_be.qmu);
-  borrow_poll();
-  roles::BorrowTimer& t = *g_borrow.timer;
-  const bool off = !t.borrows(key);
-  // The driver calls (the context, the capture check, the record) only for
-  // a launch that is timed.
-  pair = t.start(key);
-  if (pair >= 0) {
-    const OwnCalls calls;
-    if (!calls.ok() || !borrow_ready() || capturing(s, per_thread) ||
-        record(g_borrow.ev[pair][0], s, per_thread) != CUDA_SUCCESS) {
-      t.ended(pair, false);
-      pair = -1;
-    }
-  }
-  pthread_mutex_unlock(&g_be.qmu);
-  return off;
-}
-
-// After it: the end event of a timed launch (none for a launch that failed).
-void borrow_after(int pair, CUstream s, bool per_thread, bool launched) noexcept {
-  if (pair < 0) return;
-  pthread_mutex_lock(&g_be.qmu);
-  bool ok = false;
-  if (launched) {
-    const OwnCalls calls;
-    ok = calls.ok() && record(g_borrow.ev[pair][1], s, per_thread) == CUDA_SUCCESS;
-  }
-  g_borrow.timer->ended(pair, ok);
-  pthread_mutex_unlock(&g_be.qmu);
-}
-
 // ---- one launch, either role ---------------------------------------------------------
 
 struct Launch {
   std::uint64_t lc_seq = 0;
   std::uint64_t key = 0;  // the kernel, for the work bound
   bool floor = false;
-  int timed = -1;  // the BorrowTimer pair timing it
+  int timed = -1;  // the KernelTimer pair timing it
 };
 
 Launch before(CUstream s, bool per_thread, bool graph, std::uint64_t key) noexcept {
@@ -1424,7 +1435,7 @@ Launch before(CUstream s, bool per_thread, bool graph, std::uint64_t key) noexce
       try {
         // Under the gate a kernel launch is queued behind it (a graph's
         // kernels keep the TPCs they were encoded with: it holds).
-        l.floor = g_gate.on && !graph && gate_before(s, per_thread) ? be_before_gate() : be_before(s, per_thread, graph);
+        l.floor = g_gate.on && !graph && gate_before(s, per_thread, key) ? be_before_gate() : be_before(s, per_thread, graph);
       } catch (const std::exception&) {
         l.floor = true;  // the safe side
       }
@@ -1644,9 +1655,17 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
       const Choice<BeYield> y = choice_of<Option::kBeYield>();
       if (y.unknown) warn("NVTASKSET_BE_YIELD: not gate, hold, floor or run; using gate");
       g_be.yield = y.value;
+      // A gate every NVTASKSET_BE_GATE_EVERY launches where that is set,
+      // and where the kernels cannot be timed; else by NVTASKSET_BE_GATE_US
+      // of learned work (0: every 2 launches).
       const NumberValue ge = number(Option::kBeGateEvery, 1, 64, kDefaultGateEvery);
       if (ge.bad) warn("NVTASKSET_BE_GATE_EVERY: not a number from 1 to 64; using 2");
-      g_gate.every = static_cast<unsigned>(ge.value);
+      const NumberValue gu = number(Option::kBeGateUs, 0, 100'000, kDefaultGateUs);
+      if (gu.bad)
+        warn(("NVTASKSET_BE_GATE_US: not a number from 0 to 100000; using " + std::to_string(kDefaultGateUs)).c_str());
+      const bool by_work = option_value(Option::kBeGateEvery) == nullptr && gu.value != 0 &&
+                           g_drv.event_elapsed.load(std::memory_order_acquire) != nullptr;
+      g_gate.spacing = by_work ? roles::GateSpacing{0, gu.value * 1000} : roles::GateSpacing{static_cast<unsigned>(ge.value), 0};
       if (g_be.yield == BeYield::kGate) {
         if (g_drv.host_alloc.load(std::memory_order_acquire) == nullptr ||
             g_drv.host_device_ptr.load(std::memory_order_acquire) == nullptr ||
@@ -1689,8 +1708,8 @@ void configure(Role r, std::atomic<ctl::Header*>* hdr, void* driver, WarnFn w) n
                  .c_str());
       if (bu.value != 0 && g_drv.event_elapsed.load(std::memory_order_acquire) == nullptr)
         warn("NVTASKSET_BE_BORROW_US: the driver has no cuEventElapsedTime; every kernel borrows the reservations");
-      else if (bu.value != 0)
-        g_borrow.timer = new roles::BorrowTimer(bu.value * 1000);
+      else if (bu.value != 0 || (g_gate.on && g_gate.spacing.every == 0))
+        g_timing.timer = new roles::KernelTimer(bu.value * 1000);
     }
   } catch (const std::exception& e) {
     warn((std::string(roles::role_name(r)) + ": " + e.what() + "; the task runs without its role").c_str());
@@ -1792,9 +1811,9 @@ void atfork_child() noexcept {
   for (bool& r : g_be.recorded) r = false;
   g_be.count = 0;
   if (g_be.work != nullptr) g_be.work->clear();  // the parent's launches and events
-  g_borrow.ctx = nullptr;
-  g_borrow.failed = false;
-  if (g_borrow.timer != nullptr) g_borrow.timer->drop_pairs();
+  g_timing.ctx = nullptr;
+  g_timing.failed = false;
+  if (g_timing.timer != nullptr) g_timing.timer->drop_pairs();
   g_floor_users.store(0, std::memory_order_relaxed);
   // The parent's gatekeeper is not in the child: no gate there.
   g_gate.word = nullptr;

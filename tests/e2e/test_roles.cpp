@@ -1383,6 +1383,57 @@ TEST_F(Roles, BestEffortQueueIsDeepBehindItsGateAndShallowUnderTheHold) {
   stop("lc", *lp);
 }
 
+// NVTASKSET_BE_GATE_US: a stream's gates are spaced by the work its own
+// launches timed (the stand-in's kernels take FAKECUDA_KERNEL_US on its
+// virtual GPU clock; no timing in the test). 200 launches of one kernel next
+// to an idle LC task: until the timer reads its first pair (at the 17th
+// launch, after its gate) the kernel is unknown and each launch gets a gate,
+// and the launch after them; then 10-us kernels share one gate in 10 (100
+// us): 17 + 19. (The gate is created closed, until the task's gatekeeper
+// first decides, and the pair's end event waits behind it: on a loaded
+// machine the kernel may be learned at a later reading, 16 launches on, so
+// the launches are 1 ms apart and up to two readings later are allowed.)
+// 1-ms kernels, longer than the bound, get one each (timed with no borrow
+// limit too: NVTASKSET_BE_BORROW_US=0); NVTASKSET_BE_GATE_EVERY=2, or
+// NVTASKSET_BE_GATE_US=0, gives one every 2 launches, as before.
+TEST_F(Roles, BestEffortGatesAreSpacedByLearnedWork) {
+  Proc* lp = nullptr;
+  ASSERT_GT(start_idle_lc(&lp), 0);
+  struct Case {
+    const char* tag;
+    const char* kernel_us;
+    Env extra;
+    std::uint64_t least, most;  // gates queued
+  };
+  for (const Case& c : {Case{"short", "10", {}, 17 + 19, 49 + 16},
+                        Case{"long", "1000", {{"NVTASKSET_BE_BORROW_US", "0"}}, 200, 200},
+                        Case{"every", "10", {{"NVTASKSET_BE_GATE_EVERY", "2"}}, 100, 100},
+                        Case{"zero", "10", {{"NVTASKSET_BE_GATE_US", "0"}}, 100, 100}}) {
+    SCOPED_TRACE(c.tag);
+    Env env = env_;
+    env["FAKECUDA_KERNEL_US"] = c.kernel_us;
+    for (const auto& [k, v] : c.extra) env[k] = v;
+    Proc& be = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "200", "--interval-ms", "1", "--idle-until",
+                      path(std::string("until.") + c.tag), "--ready-file", path(std::string("ready.") + c.tag)},
+                     env);
+    ASSERT_GT(wait_ready(path(std::string("ready.") + c.tag), be), 0);
+    const nlohmann::json t = wait_task(
+        be.pid, [](const nlohmann::json& x) { return x.value("kernels_launched", 0) == 200; }, "200 launches");
+    EXPECT_GE(counter(t, "gates_queued"), c.least) << t.dump();
+    EXPECT_LE(counter(t, "gates_queued"), c.most) << t.dump();
+    stop(c.tag, be);
+    EXPECT_EQ(be.err(), "");
+    EXPECT_TRUE(AllOn(records_of(be.pid), kAll)) << "the LC task idle throughout: every kernel borrowed";
+  }
+  stop("lc", *lp);
+}
+
+// A bad NVTASKSET_BE_GATE_US: one warning, and the default.
+TEST_F(Roles, BadGateUsIsOneWarningAndTheTaskRuns) {
+  EXPECT_TRUE(one_warning_and_runs({{"NVTASKSET_BE_GATE_US", "100001"}},
+                                   "NVTASKSET_BE_GATE_US: not a number from 0 to 100000; using 100"));
+}
+
 // A gate that cannot be made (here: no mapped host memory, which is pinned
 // and can run out) gives one warning that says so, and the hold with the
 // hold's queue: the queue is then what an LC request waits behind. The
@@ -1492,7 +1543,7 @@ TEST_F(Roles, BestEffortQueueIsBoundedInLearnedWork) {
 
 // Next to an idle LC task (TPCs 0-1), a BE task of 1-ms kernels (the
 // stand-in's virtual clock) borrows the reservation until its own launches
-// have timed one (the first, as soon as it completed), and from then on
+// have timed one (the first, read once in 16 launches), and from then on
 // keeps off it, the LC task still idle; --status counts those (kept_off)
 // and says "running". Kernels of 100 us keep borrowing, and so do 1-ms ones
 // with NVTASKSET_BE_BORROW_US=0.

@@ -1151,10 +1151,10 @@ struct Trace {
   }
 };
 
-// ---- kernels too long to borrow the reservations (BorrowTimer) ----
+// ---- kernels too long to borrow the reservations (KernelTimer) ----
 
-TEST(BorrowTimer, AKernelBorrowsUntilTimedAtTheLimitOrMore) {
-  BorrowTimer t(500 * kUs);
+TEST(KernelTimer, AKernelBorrowsUntilTimedAtTheLimitOrMore) {
+  KernelTimer t(500 * kUs);
   constexpr std::uint64_t kLong = 11, kShort = 12, kEdge = 13;
   EXPECT_TRUE(t.borrows(kLong)) << "not timed yet";
   const int p = t.start(kLong);
@@ -1178,10 +1178,10 @@ TEST(BorrowTimer, AKernelBorrowsUntilTimedAtTheLimitOrMore) {
   EXPECT_FALSE(t.borrows(kEdge)) << "at the limit: keeps off";
 }
 
-TEST(BorrowTimer, AMovingAverageDecides) {
-  BorrowTimer t(500 * kUs);
+TEST(KernelTimer, AMovingAverageDecides) {
+  KernelTimer t(500 * kUs);
   auto time = [&](std::uint64_t key, std::uint64_t ns) {
-    for (unsigned i = 0; i < BorrowTimer::kEvery; ++i) {
+    for (unsigned i = 0; i < KernelTimer::kEvery; ++i) {
       const int p = t.start(key);
       if (p < 0) continue;
       t.ended(p, true);
@@ -1201,8 +1201,8 @@ TEST(BorrowTimer, AMovingAverageDecides) {
   EXPECT_TRUE(t.borrows(7));
 }
 
-TEST(BorrowTimer, AKnownKernelIsTimedOnceInEveryAndAtMostPairsAtOnce) {
-  BorrowTimer t(500 * kUs);
+TEST(KernelTimer, AKnownKernelIsTimedOnceInEveryAndAtMostPairsAtOnce) {
+  KernelTimer t(500 * kUs);
   const int p = t.start(1);
   ASSERT_GE(p, 0);
   EXPECT_LT(t.start(1), 0) << "being timed now: not twice";
@@ -1210,7 +1210,7 @@ TEST(BorrowTimer, AKnownKernelIsTimedOnceInEveryAndAtMostPairsAtOnce) {
   t.finish(p, static_cast<std::int64_t>(50 * kUs));
   // Known: timed again on the kEvery-th launch only (2 launches so far).
   unsigned timed = 0;
-  for (unsigned i = 0; i < 2 * BorrowTimer::kEvery; ++i) {
+  for (unsigned i = 0; i < 2 * KernelTimer::kEvery; ++i) {
     const int q = t.start(1);
     if (q < 0) continue;
     ++timed;
@@ -1219,8 +1219,8 @@ TEST(BorrowTimer, AKnownKernelIsTimedOnceInEveryAndAtMostPairsAtOnce) {
   EXPECT_EQ(timed, 2u);
   EXPECT_TRUE(t.borrows(1));
   // Unknown kernels: one pair each, kPairs at most, until one is free.
-  int pairs[BorrowTimer::kPairs];
-  for (unsigned i = 0; i < BorrowTimer::kPairs; ++i) {
+  int pairs[KernelTimer::kPairs];
+  for (unsigned i = 0; i < KernelTimer::kPairs; ++i) {
     pairs[i] = t.start(100 + i);
     ASSERT_GE(pairs[i], 0) << i;
     t.ended(pairs[i], true);
@@ -1233,6 +1233,85 @@ TEST(BorrowTimer, AKnownKernelIsTimedOnceInEveryAndAtMostPairsAtOnce) {
   t.drop_pairs();
   EXPECT_FALSE(t.any_pending()) << "a forked child forgets the parent's events";
   EXPECT_GE(t.start(201), 0);
+}
+
+TEST(KernelTimer, PendingPairsAreReadOnceInPollEveryLaunches) {
+  KernelTimer t(500 * kUs);
+  EXPECT_FALSE(t.poll_due()) << "nothing pending: nothing to read";
+  const int p = t.start(1);
+  ASSERT_GE(p, 0);
+  t.ended(p, true);
+  unsigned due = 0;
+  for (unsigned i = 0; i < 3 * KernelTimer::kPollEvery; ++i) due += t.poll_due() ? 1 : 0;
+  EXPECT_EQ(due, 3u) << "once in kPollEvery launches, not at each";
+  t.finish(p, static_cast<std::int64_t>(50 * kUs));
+  for (unsigned i = 0; i < 2 * KernelTimer::kPollEvery; ++i) EXPECT_FALSE(t.poll_due()) << i;
+}
+
+TEST(KernelTimer, WithoutALimitEveryKernelBorrowsAndIsStillTimed) {
+  KernelTimer t(0);
+  const int p = t.start(5);
+  ASSERT_GE(p, 0) << "timed for the gates' spacing";
+  t.ended(p, true);
+  t.finish(p, static_cast<std::int64_t>(3 * kMs));
+  EXPECT_TRUE(t.borrows(5)) << "no limit: even 3 ms borrows";
+  EXPECT_EQ(t.durations().estimate(5, 0), 3 * kMs);
+}
+
+// ---- where a best-effort stream's gates go (GateLane) ----
+
+namespace {
+// Which of `kernels` (durations; GateSpacing::kUnknown: not timed yet) get a gate before them.
+std::string gates(const GateSpacing& s, const std::vector<std::uint64_t>& kernels) {
+  GateLane lane;
+  std::string out;
+  for (const std::uint64_t k : kernels) out += lane.next(s, k) ? 'G' : '.';
+  return out;
+}
+constexpr std::uint64_t kU = GateSpacing::kUnknown;
+}  // namespace
+
+TEST(GateLane, AFixedCountGatesEveryNthLaunch) {
+  const std::vector<std::uint64_t> ks(7, 10 * kUs);
+  EXPECT_EQ(gates({2, 0}, ks), "G.G.G.G");
+  EXPECT_EQ(gates({1, 0}, ks), "GGGGGGG");
+  EXPECT_EQ(gates({3, 0}, {kU, kU, kU, kU}), "G..G") << "a count learns nothing";
+}
+
+TEST(GateLane, LearnedWorkGroupsShortKernelsUpToTheBound) {
+  const GateSpacing s{0, 100 * kUs};
+  // 30-us kernels: three fit (90 us), the fourth would pass 100.
+  EXPECT_EQ(gates(s, std::vector<std::uint64_t>(10, 30 * kUs)), "G..G..G..G");
+  // Exactly the bound fits; a nanosecond more does not.
+  EXPECT_EQ(gates(s, {50 * kUs, 50 * kUs, 1}), "G.G");
+  // At most max_launches launches between two gates, however short.
+  EXPECT_EQ(gates({0, 100 * kUs, 4}, std::vector<std::uint64_t>(9, 1 * kUs)), "G...G...G");
+}
+
+TEST(GateLane, AKernelLongerThanTheBoundOrUnknownHasAGateOfItsOwn) {
+  const GateSpacing s{0, 100 * kUs};
+  const std::uint64_t l = 3 * kMs, k = 20 * kUs;
+  // A long kernel: a gate before it and before the next one, so that a
+  // request never waits for it and the kernels after it.
+  EXPECT_EQ(gates(s, {k, k, l, k, k, l, l, k}), "G.GG.GGG");
+  // Not timed yet: it may be long; a gate before and after it.
+  EXPECT_EQ(gates(s, {k, kU, k, k, kU, kU, k}), "GGG.GGG");
+  // The lane's first launch always gets one.
+  EXPECT_EQ(gates(s, {k}), "G");
+}
+
+TEST(GateLane, AGateThatCouldNotBeQueuedIsTriedAgainAtTheNextLaunch) {
+  const GateSpacing s{0, 100 * kUs};
+  GateLane lane;
+  EXPECT_TRUE(lane.next(s, 10 * kUs));
+  EXPECT_FALSE(lane.next(s, 10 * kUs));
+  lane.reset();
+  EXPECT_TRUE(lane.next(s, 10 * kUs));
+  GateLane fixed;
+  EXPECT_TRUE(fixed.next({4, 0}, kU));
+  fixed.reset();
+  EXPECT_TRUE(fixed.next({4, 0}, kU));
+  EXPECT_FALSE(fixed.next({4, 0}, kU));
 }
 
 TEST(WorkQueue, AnUnknownKernelCountsAsTheWholeBound) {

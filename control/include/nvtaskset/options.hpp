@@ -43,6 +43,7 @@ enum class Option : unsigned {
   kBeGateEvery,      // NVTASKSET_BE_GATE_EVERY
   kBeBorrowUs,       // NVTASKSET_BE_BORROW_US
   kTestGateSleepMs,  // NVTASKSET_TEST_GATE_SLEEP_MS (tests)
+  kBeGateUs,         // NVTASKSET_BE_GATE_US
 };
 
 enum class OptionKind { kChoice, kPath, kInternal, kNumber };
@@ -131,9 +132,10 @@ inline constexpr OptionDesc kOptions[] = {
      "many launches queued instead of NVTASKSET_BE_DEPTH: they keep off the reservations, so nothing waits behind "
      "them for TPCs (not with NVTASKSET_BE_QUEUE_US or NVTASKSET_BE_WORK_US)"},
     {Option::kBeGateEvery, "NVTASKSET_BE_GATE_EVERY", OptionKind::kNumber, "1-64, default 2", true,
-     "under NVTASKSET_BE_YIELD=gate (the default), a --best-effort task queues its gate before every this many launches of a "
-     "stream: a latency-critical task that becomes busy waits behind at most that many of its kernels (each gate "
-     "costs the stream about 2.4 us)"},
+     "under NVTASKSET_BE_YIELD=gate (the default), a --best-effort task queues its gate before every this many "
+     "launches of a stream instead of spacing the gates by NVTASKSET_BE_GATE_US: a latency-critical task that "
+     "becomes busy waits behind at most that many of its kernels (each gate costs the stream 2.4-2.9 us); the "
+     "default where the task's kernels cannot be timed"},
     {Option::kBeBorrowUs, "NVTASKSET_BE_BORROW_US", OptionKind::kNumber, "0-1000000, default 500", true,
      "while a latency-critical task exists, a --best-effort task's kernels that its own earlier launches timed at "
      "this many microseconds or more keep off the reservations even while every latency-critical task is idle, so "
@@ -141,6 +143,12 @@ inline constexpr OptionDesc kOptions[] = {
     {Option::kTestGateSleepMs, "NVTASKSET_TEST_GATE_SLEEP_MS", OptionKind::kInternal, "", false,
      "FOR TESTS ONLY: a --best-effort task's gatekeeper sleeps this long (instead of 2 ms) on an idle "
      "latency-critical task's beacon unless woken, so that a test sees a missed wake as a gate that never closes"},
+    {Option::kBeGateUs, "NVTASKSET_BE_GATE_US", OptionKind::kNumber, "0-100000, default 100", true,
+     "under NVTASKSET_BE_YIELD=gate (the default) and unless NVTASKSET_BE_GATE_EVERY is set, a --best-effort task "
+     "queues a gate before a launch of a stream once the work since its last gate, in its kernels' durations as "
+     "timed on its own earlier launches, would pass this many microseconds, before a kernel not timed yet, and "
+     "after 16 launches: a latency-critical task that becomes busy waits for at most that much of its work, or "
+     "one longer kernel (0: a gate every NVTASKSET_BE_GATE_EVERY launches)"},
 };
 
 constexpr const OptionDesc& option(Option o) { return kOptions[static_cast<unsigned>(o)]; }

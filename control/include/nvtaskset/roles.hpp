@@ -485,19 +485,35 @@ class WorkQueue {
 // alone at 44 requests/s where borrowing gave 1.56x, at 0.74 of the
 // training's throughput alone against 0.85 (run 83). So a kernel the task's
 // own launches timed at the limit or more keeps off the reservations even
-// while every LC task is idle, and the short ones borrow them. Pure: the
-// shim records the events and asks this class which launch to time and
+// while every LC task is idle, and the short ones borrow them. The same
+// durations space the task's gates (GateLane). Pure: the shim records the
+// events and asks this class which launch to time, when to read them, and
 // what it learned.
-class BorrowTimer {
+class KernelTimer {
  public:
   static constexpr unsigned kPairs = 4;   // launches timed at once (two events each)
   static constexpr unsigned kEvery = 64;  // a kernel already timed is timed again once in this many launches
-  explicit BorrowTimer(std::uint64_t limit_ns) noexcept : limit_ns_(limit_ns) {}
+  // The pending pairs are read once in this many launches, not at every
+  // one: their end events wait behind the task's queue (64 launches), so
+  // read at each launch they cost 1-2 event queries a launch for nothing
+  // (on an H100 the timing cost GPT-2-medium training 3 points next to an
+  // idle LC task, run 102).
+  static constexpr unsigned kPollEvery = 16;
+  // `limit_ns` 0: every kernel borrows (the durations still space the gates).
+  explicit KernelTimer(std::uint64_t limit_ns) noexcept : limit_ns_(limit_ns) {}
 
   std::uint64_t limit_ns() const noexcept { return limit_ns_; }
-  // Whether a launch of `key` may borrow the reservations: not timed yet,
-  // or timed shorter than the limit (a moving average).
-  bool borrows(std::uint64_t key) const noexcept { return durations_.estimate(key, 0) < limit_ns_; }
+  // Whether a launch of `key` may borrow the reservations: no limit, not
+  // timed yet, or timed shorter than the limit (a moving average).
+  bool borrows(std::uint64_t key) const noexcept {
+    return limit_ns_ == 0 || durations_.estimate(key, 0) < limit_ns_;
+  }
+  // Before a launch: whether the pending pairs are to be read now (once in
+  // kPollEvery launches while any is pending).
+  bool poll_due() noexcept {
+    if (!any_pending()) return false;
+    return ++since_poll_ % kPollEvery == 0;
+  }
   // Before a launch of `key`: the pair of events to time it with (its
   // start event is recorded next, after any gate), or -1: a kernel not
   // timed yet and not being timed now, or every kEvery-th launch, while a
@@ -535,8 +551,49 @@ class BorrowTimer {
   KernelDurations durations_;
   std::uint64_t limit_ns_;
   std::uint64_t launches_ = 0;
+  unsigned since_poll_ = 0;
 };
 
+// ---- where a best-effort stream's gates go (NVTASKSET_BE_GATE_US, _EVERY) ------------------
+//
+// An LC request that arrives while a BE stream runs waits for the kernels
+// queued before that stream's next gate (the gate: a wait on the GPU that
+// the task's gatekeeper closes while the LC task is busy). Each gate costs:
+// on an H100 a stream of 48-us kernels ran 1.45 us a launch slower with a
+// gate every 2 launches (about 2.9 us a gate), the launching thread 1.3 us a
+// launch more, and GPT-2-medium training next to an idle LC task gained 5
+// points of its throughput with a gate every 64 launches (run 102). A gate
+// every 2 launches puts one before every other kernel of a training step's
+// many short ones (element-wise, normalisation, optimizer) though a group of
+// them is over sooner than one matmul. So, by default, a stream's kernels
+// are grouped by their learned durations (KernelTimer): a gate goes before a
+// launch once the learned work since the stream's last gate, this kernel
+// included, would pass the bound, before a kernel not timed yet and the
+// launch after it (it may be long), and after max_launches launches. What a
+// request waits for is then the rest of a group: at most the bound of
+// learned work, or one kernel longer than that. Pure: the shim keeps one
+// lane per stream.
+struct GateSpacing {
+  unsigned every = 0;          // > 0: a gate every this many launches (NVTASKSET_BE_GATE_EVERY), nothing learned
+  std::uint64_t work_ns = 0;   // otherwise: at most this much learned work between two gates
+  unsigned max_launches = 16;  // and at most this many launches
+  static constexpr std::uint64_t kUnknown = ~0ull;  // a kernel's duration not learned yet
+};
+
+class GateLane {
+ public:
+  // Before a launch of a kernel that runs `kernel_ns` (GateSpacing::kUnknown:
+  // not timed yet): whether a gate goes before it. The lane's first launch
+  // gets one.
+  bool next(const GateSpacing& s, std::uint64_t kernel_ns) noexcept;
+  // The gate could not be queued: the next launch gets one.
+  void reset() noexcept { *this = {}; }
+
+ private:
+  unsigned n_ = 0;            // launches since the last gate, the one after it included (0: none yet)
+  std::uint64_t work_ns_ = 0; // their learned work
+  bool gate_next_ = true;     // the last kernel's duration was unknown (or the lane is new)
+};
 
 // ---- the top-up: TPCs that pay a saturated LC task back for the memory system ------------
 //
