@@ -380,29 +380,40 @@ std::uint64_t KernelDurations::estimate(std::uint64_t key, std::uint64_t unknown
   return unknown;
 }
 
+unsigned KernelDurations::samples(std::uint64_t key) const noexcept {
+  for (unsigned i = 0; i < kProbe; ++i) {
+    const Entry& e = e_[(key + i) % kSlots];
+    if (e.key == key) return e.samples;
+    if (e.key == 0) break;
+  }
+  return 0;
+}
+
 template <class Merge>
 void KernelDurations::put(std::uint64_t key, std::uint64_t sample_ns, Merge merge) noexcept {
   sample_ns = std::min<std::uint64_t>(sample_ns, 1'000'000'000);  // a second: not a kernel, a stall
   for (unsigned i = 0; i < kProbe; ++i) {
     Entry& e = e_[(key + i) % kSlots];
     if (e.key == key) {
-      e.ns = merge(e.ns, sample_ns);
+      e.ns = merge(e.ns, sample_ns, e.samples);
+      if (e.samples != ~0u) ++e.samples;
       return;
     }
     if (e.key == 0) {
-      e.key = key;
-      e.ns = sample_ns;
+      e = {key, sample_ns, 1};
       return;
     }
   }
 }
 
 void KernelDurations::learn(std::uint64_t key, std::uint64_t sample_ns) noexcept {
-  put(key, sample_ns, [](std::uint64_t old, std::uint64_t s) noexcept { return old - old / 4 + s / 4; });
+  put(key, sample_ns, [](std::uint64_t old, std::uint64_t s, unsigned n) noexcept {
+    return n < kFirst ? std::min(old, s) : old - old / 4 + s / 4;
+  });
 }
 
 void KernelDurations::learn_least(std::uint64_t key, std::uint64_t sample_ns) noexcept {
-  put(key, sample_ns, [](std::uint64_t old, std::uint64_t s) noexcept { return std::min(old, s); });
+  put(key, sample_ns, [](std::uint64_t old, std::uint64_t s, unsigned) noexcept { return std::min(old, s); });
 }
 
 WorkQueue::WorkQueue(std::uint64_t bound_ns, unsigned max_launches) noexcept
@@ -442,8 +453,7 @@ int KernelTimer::start(std::uint64_t key) noexcept {
     }
   }
   if (free < 0) return -1;
-  constexpr std::uint64_t kUnknown = ~0ull;
-  if (!due && durations_.estimate(key, kUnknown) != kUnknown) return -1;
+  if (!due && durations_.samples(key) >= KernelDurations::kFirst) return -1;
   pairs_[free] = {key, State::kStarted};
   return free;
 }

@@ -381,6 +381,17 @@ class KernelDurations {
   static constexpr unsigned kSlots = 4096, kProbe = 16;
   // Its estimate in ns, or `unknown` where it has none.
   std::uint64_t estimate(std::uint64_t key, std::uint64_t unknown) const noexcept;
+  // How many samples the estimate is of (0: none).
+  unsigned samples(std::uint64_t key) const noexcept;
+  // The least of the first kFirst samples, then a moving average (a
+  // quarter weight each). The first launch of a kernel loads its module
+  // (CUDA's lazy loading, the default): timed, it ran for milliseconds,
+  // and a moving average re-timed once in 64 launches took dozens of steps
+  // to forget it. Next to an idle LC task GPT-2-medium training had a
+  // tenth of its launches kept off the reservation as "500 us or longer"
+  // after 30 steps, and 100 us of learned work gave it no fewer gates than
+  // one every 2 launches (H100, run 103).
+  static constexpr unsigned kFirst = 2;
   void learn(std::uint64_t key, std::uint64_t sample_ns) noexcept;
   // The least sample instead of an average (durations alone, TopUp).
   void learn_least(std::uint64_t key, std::uint64_t sample_ns) noexcept;
@@ -394,6 +405,7 @@ class KernelDurations {
   struct Entry {
     std::uint64_t key = 0;
     std::uint64_t ns = 0;
+    unsigned samples = 0;
   };
   Entry e_[kSlots]{};
 };
@@ -515,9 +527,9 @@ class KernelTimer {
     return ++since_poll_ % kPollEvery == 0;
   }
   // Before a launch of `key`: the pair of events to time it with (its
-  // start event is recorded next, after any gate), or -1: a kernel not
-  // timed yet and not being timed now, or every kEvery-th launch, while a
-  // pair is free.
+  // start event is recorded next, after any gate), or -1: a kernel timed
+  // fewer than KernelDurations::kFirst times and not being timed now, or
+  // every kEvery-th launch, while a pair is free.
   int start(std::uint64_t key) noexcept;
   // After the launch: its end event was recorded (`ok`), or it could not
   // be, or the launch failed: the pair is free again, nothing learned.
