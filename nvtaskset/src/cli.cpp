@@ -251,7 +251,7 @@ int run(int argc, char** argv) {
   app.add_flag("--best-effort", o.best_effort,
                "run the command on all TPCs (or those given) while every latency-critical task is idle, but for "
                "kernels it timed at NVTASKSET_BE_BORROW_US (500) or more, which keep off the reservations; while one "
-               "has work, its stream stops on the GPU at its next gate (one every 2 launches) and its new kernels "
+               "has work, its stream stops on the GPU at its next gate (one per NVTASKSET_BE_GATE_US of its work, 100) and its new kernels "
                "go on the TPCs no reservation holds; while one exists, it keeps at most NVTASKSET_BE_DEPTH "
                "launches queued (64); under MPS it is a below-normal priority client (CUDA_MPS_CLIENT_PRIORITY=1)");
   app.add_flag("-a,--all-tasks", o.all_tasks, "with -p: the task and every process it started that runs under nvtaskset");

@@ -106,7 +106,7 @@ inline constexpr OptionDesc kOptions[] = {
     {Option::kBeYield, "NVTASKSET_BE_YIELD", OptionKind::kChoice, "gate|hold|floor|run", true,
      "what a --best-effort task's launches do while a latency-critical task bursts: go on the floor queued behind "
      "a gate on the GPU that stops its stream while the latency-critical task is busy (the CPU keeps launching; "
-     "NVTASKSET_BE_GATE_EVERY), wait on the CPU, go on the TPCs outside its reservation, or go on as if it were "
+     "NVTASKSET_BE_GATE_US), wait on the CPU, go on the TPCs outside its reservation, or go on as if it were "
      "idle"},
     {Option::kBeQueueUs, "NVTASKSET_BE_QUEUE_US", OptionKind::kNumber, "0-1000000, default 0", true,
      "while a latency-critical task exists, a --best-effort task's next launch also waits while its oldest "
