@@ -182,7 +182,11 @@ def main(argv):
     sup = "LC p99 vs BE throughput (bench/lc_be_mix.py)"
     if meta.get("gpu"):
         sup += f": {meta['gpu'].split(',')[0]}"
-    sup += f"; median over {reps} rounds, bars min-max" if reps else "; median over rounds, bars min-max"
+    if reps and data.get("skipped"):
+        # (a round cut by the time budget: fewer valid rounds than asked for, the n in the summary)
+        sup += f"; median over the valid rounds ({reps} asked, {len(data['skipped'])} runs skipped), bars min-max"
+    else:
+        sup += f"; median over {reps} rounds, bars min-max" if reps else "; median over rounds, bars min-max"
     if mix.ROLES not in names:
         sup += f"; no '{mix.ROLES}' setup in this run"
     fig.suptitle(sup, fontsize=10)
