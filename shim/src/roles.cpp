@@ -1089,10 +1089,10 @@ void be_after(CUstream s, bool per_thread, std::uint64_t key, bool floor) noexce
 // run 83). Kernels its own launches timed at the limit or more go on the
 // floor instead. A launch is timed by two events around it (the start
 // recorded after any gate: the time between them is the kernel's, queued
-// or not), only while every LC task is idle: a kernel not timed yet, then
-// one launch in 64, at most 4 at a time; their completions are read at
-// later launches (once in 16). No driver call of this while a capture is
-// under way. The same durations space the gates (gate_before).
+// or not), only while every LC task is idle: a kernel with fewer than two
+// samples, then one launch in 64, at most 4 at a time; their completions
+// are read at later launches (once in 16). No driver call of this while a
+// capture is under way. The same durations space the gates (gate_before).
 constexpr unsigned kDefaultBorrowUs = 500;
 
 struct Timing {
@@ -1196,8 +1196,9 @@ constexpr unsigned kHostAllocDeviceMap = 0x2; // CU_MEMHOSTALLOC_DEVICEMAP
 // A gate every 2 launches: next to GPT-2-medium training it took 0.22-0.42x
 // off the open loop's LC p99 where every 4 took 0.04 (H200, runs 69-70), and
 // on an H100 it gave the training 13-15 points more than the hold at the same
-// or a better tail, where every launch gave less of both (run 72). What
-// spaces the gates where the task's kernels are timed (roles::GateLane).
+// or a better tail, where every launch gave less of both (run 72). Now the
+// count where NVTASKSET_BE_GATE_EVERY is set or NVTASKSET_BE_GATE_US is 0,
+// and where the task's kernels cannot be timed (no cuEventElapsedTime).
 constexpr unsigned kDefaultGateEvery = 2;
 // By default the gates are spaced by learned work instead (roles::GateSpacing):
 // at most this much between two, or one kernel longer.
