@@ -27,7 +27,8 @@ of 16M floats (about 30 us each on the GPU: the GPU sets it, gates included).
                (by default those timed at 500 us or more keep off it)
   role+lc run  NVTASKSET_BE_YIELD=run: no gate, no hold and no queue bound (what is left: the
                decision on every launch, the borrow limit's timing); "run d64" with the gate's
-               queue bound of 64 launches; "run b0" without the timing either (the decision alone)
+               queue bound of 64 launches; "run b0" without the timing either (the decision alone);
+               "run d64 b0" the queue bound of 64 alone
 
 Without MPS (--no-mps; the LC task is idle, so nothing contends). Prints each configuration's
 it/s (median over rounds, min-max) and its ratio to plain, and the same of the launch times. With --compare B, every role+lc
@@ -115,6 +116,8 @@ def main():
                 ("role+lc g64 b0", {"NVTASKSET_BE_GATE_EVERY": "64", "NVTASKSET_BE_BORROW_US": "0"}),
                 ("role+lc run", {"NVTASKSET_BE_YIELD": "run"}),
                 ("role+lc run b0", {"NVTASKSET_BE_YIELD": "run", "NVTASKSET_BE_BORROW_US": "0"}),
+                ("role+lc run d64 b0", {"NVTASKSET_BE_YIELD": "run", "NVTASKSET_BE_DEPTH": "64",
+                                        "NVTASKSET_BE_BORROW_US": "0"}),
                 ("role+lc run d64", {"NVTASKSET_BE_YIELD": "run", "NVTASKSET_BE_DEPTH": "64"})]
     # plain+lc: a plain process next to the idle LC task, which no shim of its own sees
     beside = [("plain+lc", [], {})] + [(name, role, env) for name, env in variants]
