@@ -295,13 +295,22 @@ void wake_best_effort(const Beacon& b) noexcept {
             INT32_MAX, nullptr, nullptr, 0);
 }
 
+namespace {
+
+// What a futex wait's return (and errno) means: woken, also when the word
+// had changed already (EAGAIN) or a signal came (EINTR); timed out; or
+// refused (the caller polls).
+Wake wake_of(long rc) noexcept {
+  if (rc >= 0 || errno == EAGAIN || errno == EINTR) return Wake::kWoken;
+  return errno == ETIMEDOUT ? Wake::kTimedOut : Wake::kRefused;
+}
+
+}  // namespace
+
 Wake await_wake(const Beacon& b, std::uint32_t seen, std::uint64_t timeout_ns) noexcept {
   const timespec ts{static_cast<time_t>(timeout_ns / 1'000'000'000), static_cast<long>(timeout_ns % 1'000'000'000)};
-  if (::syscall(SYS_futex, const_cast<std::uint32_t*>(reinterpret_cast<const std::uint32_t*>(&b.wake)), FUTEX_WAIT,
-                seen, &ts, nullptr, 0) == 0)
-    return Wake::kWoken;
-  if (errno == EAGAIN || errno == EINTR) return Wake::kWoken;
-  return errno == ETIMEDOUT ? Wake::kTimedOut : Wake::kRefused;
+  return wake_of(::syscall(SYS_futex, const_cast<std::uint32_t*>(reinterpret_cast<const std::uint32_t*>(&b.wake)),
+                           FUTEX_WAIT, seen, &ts, nullptr, 0));
 }
 
 namespace {
@@ -339,10 +348,7 @@ Wake await_any_wake(std::span<const Beacon* const> bs, std::span<const std::uint
                             static_cast<std::uint64_t>(at.tv_nsec) + timeout_ns;
   at.tv_sec = static_cast<time_t>(end / 1'000'000'000ull);
   at.tv_nsec = static_cast<long>(end % 1'000'000'000ull);
-  if (::syscall(kSysFutexWaitv, w, static_cast<unsigned>(bs.size()), 0u, &at, CLOCK_MONOTONIC) >= 0)
-    return Wake::kWoken;
-  if (errno == EAGAIN || errno == EINTR) return Wake::kWoken;
-  return errno == ETIMEDOUT ? Wake::kTimedOut : Wake::kRefused;
+  return wake_of(::syscall(kSysFutexWaitv, w, static_cast<unsigned>(bs.size()), 0u, &at, CLOCK_MONOTONIC));
 }
 
 BeAction be_action(std::span<const LcSnapshot> lcs, std::uint64_t now_ns) noexcept {
@@ -371,22 +377,23 @@ bool hold_is_probe(std::span<const LcSnapshot> lcs, std::uint64_t now_ns) noexce
   return any;
 }
 
-std::uint64_t KernelDurations::estimate(std::uint64_t key, std::uint64_t unknown) const noexcept {
+const KernelDurations::Entry* KernelDurations::find(std::uint64_t key) const noexcept {
   for (unsigned i = 0; i < kProbe; ++i) {
     const Entry& e = e_[(key + i) % kSlots];
-    if (e.key == key) return e.ns;
+    if (e.key == key) return &e;
     if (e.key == 0) break;
   }
-  return unknown;
+  return nullptr;
+}
+
+std::uint64_t KernelDurations::estimate(std::uint64_t key, std::uint64_t unknown) const noexcept {
+  const Entry* e = find(key);
+  return e != nullptr ? e->ns : unknown;
 }
 
 unsigned KernelDurations::samples(std::uint64_t key) const noexcept {
-  for (unsigned i = 0; i < kProbe; ++i) {
-    const Entry& e = e_[(key + i) % kSlots];
-    if (e.key == key) return e.samples;
-    if (e.key == 0) break;
-  }
-  return 0;
+  const Entry* e = find(key);
+  return e != nullptr ? e->samples : 0;
 }
 
 template <class Merge>

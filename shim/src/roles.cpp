@@ -1374,8 +1374,9 @@ bool gate_before(CUstream s, bool per_thread, std::uint64_t key) noexcept {
     const std::uintptr_t k = reinterpret_cast<std::uintptr_t>(s) ^ (per_thread ? 0x9e37u : 0u);
     Gate::Lane& lane = g_gate.lanes[(k ^ (k >> 4) ^ (k >> 12)) % kGateLanes];
     if (lane.s != s || lane.per_thread != per_thread) lane = {s, per_thread, {}};
-    // (The timer is read under g_be.qmu, where it learns.)
-    const std::uint64_t ns = g_timing.timer != nullptr
+    // The kernel's learned duration, where the gates are spaced by work
+    // (read under g_be.qmu, where the timer learns).
+    const std::uint64_t ns = g_gate.spacing.every == 0 && g_timing.timer != nullptr
                                  ? g_timing.timer->durations().estimate(key, roles::GateSpacing::kUnknown)
                                  : roles::GateSpacing::kUnknown;
     if (lane.since.next(g_gate.spacing, ns)) {

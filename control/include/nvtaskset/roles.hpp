@@ -409,6 +409,8 @@ class KernelDurations {
     std::uint64_t ns = 0;
     unsigned samples = 0;
   };
+  // The entry of `key`, or nullptr where it has none.
+  const Entry* find(std::uint64_t key) const noexcept;
   Entry e_[kSlots]{};
 };
 
