@@ -38,6 +38,7 @@ to an idle LC task of build B as well (a best-effort task reads only the beacons
 some are named "B: ..." themselves, which are then the only ones under B).
 
     python3 bench/be_cost.py --nvtaskset .dev/nvt/bin/nvtaskset [--rounds 2] [--steps 15]
+    python3 bench/be_cost.py ... --launch-only     # the two launch times alone, no training (seconds a round)
 """
 import argparse
 import json
@@ -64,6 +65,12 @@ def per_launch_us(torch, x, n):
 
 def worker(steps):
     import torch
+    if steps == 0:  # --launch-only: the launches alone, no model
+        res = {"its": 0.0, "cpu": 0.0}
+        res["tiny_us"] = per_launch_us(torch, torch.zeros(1, device="cuda"), 20000)
+        res["short_us"] = per_launch_us(torch, torch.zeros(1 << 24, device="cuda"), 3000)
+        print(json.dumps(res), flush=True)
+        return
     import transformers
     sys.path.insert(0, os.path.dirname(HERE))
     import lc_be_mix  # the mix's BE task, the same code
@@ -93,12 +100,14 @@ def main():
     ap.add_argument("--nvtaskset", default="build/bin/nvtaskset")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--launch-only", action="store_true",
+                    help="no training: only the two launch times of each configuration (seconds a round)")
     ap.add_argument("--timeout", type=float, default=120, help="s per training run")
     ap.add_argument("--compare", help="a second nvtaskset build: its role+lc configurations run too")
     ap.add_argument("--configs", help="comma-separated subset (plain is always run: the ratios are to it)")
     a = ap.parse_args()
     nv = a.nvtaskset
-    be = [sys.executable, HERE, "_worker", str(a.steps)]
+    be = [sys.executable, HERE, "_worker", "0" if a.launch_only else str(a.steps)]
     role = [nv, "--no-mps", "--best-effort"]
     alone = [("plain", [], {}), ("role", role, {})]
     hold = {"NVTASKSET_BE_YIELD": "hold"}
@@ -147,7 +156,8 @@ def main():
         cpus[name].append(cpu)
         tiny[name].append(res["tiny_us"])
         short[name].append(res["short_us"])
-        print(f"  {name}: {its:.2f} it/s, {cpu:.2f} CPU s/s; a launch {res['tiny_us']:.2f} us (1 float), "
+        print(f"  {name}: " + ("" if a.launch_only else f"{its:.2f} it/s, {cpu:.2f} CPU s/s; ") + "a launch"
+              f" {res['tiny_us']:.2f} us (1 float), "
               f"{res['short_us']:.2f} us (16M floats)", flush=True)
 
     for r in range(a.rounds):
@@ -182,7 +192,7 @@ def main():
             print(f"  {name:18s} -")
             continue
         m = statistics.median(xs)
-        ratio = f"{m / base:.3f}" if base else "-"
+        ratio = f"{m / base:.3f}" if base else "-"  # (--launch-only: no it/s, "-")
         t, sh = statistics.median(tiny[name]), statistics.median(short[name])
         tr = f"{t / tb:.3f}" if tb else "-"
         sr = f"{sh / sb:.3f}" if sb else "-"

@@ -1,10 +1,11 @@
 #!/bin/bash
 # SPDX-License-Identifier: Apache-2.0
-# How many gates a best-effort task queues per launch, and how many of its launches it keeps off
-# an idle reservation, for GPT-2-medium training (bench/lc_be_mix.py's best-effort task, 30
-# steps) next to an idle latency-critical task, under each gate spacing: the default (100 us of
-# learned work, NVTASKSET_BE_GATE_US), a gate every 2 launches (NVTASKSET_BE_GATE_EVERY=2) and
-# 250 us. Counts, read from `nvtaskset --status --json` once the training is done; no timing.
+# How many gates a best-effort task queues per launch, how many of its launches it keeps off an
+# idle reservation, and how often its queue bound made it wait, for GPT-2-medium training
+# (bench/lc_be_mix.py's best-effort task, 30 steps) next to an idle latency-critical task, under
+# each gate spacing: the default (100 us of learned work, NVTASKSET_BE_GATE_US), a gate every 2
+# launches (NVTASKSET_BE_GATE_EVERY=2) and 250 us. Counts, read from `nvtaskset --status --json`
+# once the training is done; no timing.
 # Without MPS. Run from the repository root:
 #
 #   bash bench/be_gates.sh .dev/nvt/bin/nvtaskset
@@ -40,7 +41,7 @@ for t in json.load(open('$tmp/st.json'))['tasks']:
         c = t['controller']
         n = t['kernels_launched']
         print('$mode', 'launches', n, 'gates', c['gates_queued'], 'per launch %.3f' % (c['gates_queued'] / max(1, n)),
-              'kept_off', c.get('kept_off'))"
+              'kept_off', c.get('kept_off'), 'queue_waits', c.get('queue_waits'))"
   wait "$be"
   rm -f "$tmp/done"
 done
