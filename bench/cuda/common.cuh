@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the evaluation programs (bench/cuda/*.cu, driven by bench/eval.py and
-// bench_startup) share: the host clock, the GPU's %globaltimer, and the
+// bench_startup) share: checks of runtime and driver calls, the host clock, the GPU's %globaltimer, and the
 // calibrated offset between the two.
 //
 // Why a calibration: %globaltimer is a GPU-wide nanosecond counter (the same
@@ -22,6 +22,7 @@
 // stepped by NTP, unlike CLOCK_REALTIME.
 #pragma once
 
+#include <cuda.h>
 #include <cuda_runtime.h>
 #include <time.h>
 
@@ -51,6 +52,18 @@ __device__ __forceinline__ unsigned long long globaltimer() {
       std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));     \
       std::exit(3);                                                                                \
     }                                                                                              \
+  } while (0)
+
+// The same for a driver API call.
+#define DRV_CHECK(x)                                                                       \
+  do {                                                                                     \
+    CUresult r_ = (x);                                                                     \
+    if (r_ != CUDA_SUCCESS) {                                                              \
+      const char* s_ = nullptr;                                                            \
+      cuGetErrorString(r_, &s_);                                                           \
+      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?");      \
+      std::exit(3);                                                                        \
+    }                                                                                      \
   } while (0)
 
 // One ping-pong session (see the header comment). Bounded: the kernel gives

@@ -63,17 +63,6 @@ namespace {
 using evalgpu::globaltimer;
 using evalgpu::mono_ns;
 
-#define DRV_CHECK(x)                                                                       \
-  do {                                                                                     \
-    CUresult r_ = (x);                                                                     \
-    if (r_ != CUDA_SUCCESS) {                                                              \
-      const char* s_ = nullptr;                                                            \
-      cuGetErrorString(r_, &s_);                                                           \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, s_ ? s_ : "?");      \
-      std::exit(3);                                                                        \
-    }                                                                                      \
-  } while (0)
-
 // ---------------------------------------------------------------------------
 // The measured task: FP32 SGEMM, 128x128 block tiles, 8x8 per thread.
 

@@ -18,16 +18,7 @@
 #include <string>
 #include <vector>
 
-#define CU(x)                                                                 \
-  do {                                                                        \
-    CUresult r_ = (x);                                                        \
-    if (r_ != CUDA_SUCCESS) {                                                 \
-      const char* s_ = nullptr;                                               \
-      cuGetErrorString(r_, &s_);                                              \
-      std::fprintf(stderr, "launch_path: %s: %s\n", #x, s_ ? s_ : "?");       \
-      std::exit(2);                                                           \
-    }                                                                         \
-  } while (0)
+#include "common.cuh"
 
 extern "C" __global__ void empty_kernel() {}
 
@@ -88,17 +79,17 @@ int main(int argc, char** argv) {
   }
   const CUfunction f = reinterpret_cast<CUfunction>(fn);
   CUstream s;
-  CU(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
+  DRV_CHECK(cuStreamCreate(&s, CU_STREAM_NON_BLOCKING));
   CUevent done, timed;
-  CU(cuEventCreate(&done, CU_EVENT_DISABLE_TIMING));
-  CU(cuEventCreate(&timed, CU_EVENT_DEFAULT));
-  CU(cuEventRecord(done, s));
+  DRV_CHECK(cuEventCreate(&done, CU_EVENT_DISABLE_TIMING));
+  DRV_CHECK(cuEventCreate(&timed, CU_EVENT_DEFAULT));
+  DRV_CHECK(cuEventRecord(done, s));
   void* host = nullptr;
-  CU(cuMemHostAlloc(&host, 4096, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
+  DRV_CHECK(cuMemHostAlloc(&host, 4096, CU_MEMHOSTALLOC_DEVICEMAP | CU_MEMHOSTALLOC_PORTABLE));
   *static_cast<volatile unsigned*>(host) = 0;  // the gate, open
   CUdeviceptr word = 0;
-  CU(cuMemHostGetDevicePointer(&word, host, 0));
-  CU(cuStreamSynchronize(s));
+  DRV_CHECK(cuMemHostGetDevicePointer(&word, host, 0));
+  DRV_CHECK(cuStreamSynchronize(s));
 
   std::vector<double> enq[kArms], wall[kArms];
   for (int r = 0; r < rounds + 1; ++r) {  // round 0 warms up and is not counted
@@ -111,27 +102,27 @@ int main(int argc, char** argv) {
           switch (arm) {
             case kIsCapturing: {
               CUstreamCaptureStatus st;
-              CU(cuStreamIsCapturing(s, &st));
+              DRV_CHECK(cuStreamIsCapturing(s, &st));
               break;
             }
             case kCtxGetCurrent: {
               CUcontext c;
-              CU(cuCtxGetCurrent(&c));
+              DRV_CHECK(cuCtxGetCurrent(&c));
               break;
             }
-            case kEventQuery: CU(cuEventQuery(done)); break;
-            case kRecordNoTiming: CU(cuEventRecord(done, s)); break;
-            case kRecordTiming: CU(cuEventRecord(timed, s)); break;
+            case kEventQuery: DRV_CHECK(cuEventQuery(done)); break;
+            case kRecordNoTiming: DRV_CHECK(cuEventRecord(done, s)); break;
+            case kRecordTiming: DRV_CHECK(cuEventRecord(timed, s)); break;
             case kWaitEvery16:
-              if (i % 16 == 0) CU(cuStreamWaitValue32(s, word, 0, CU_STREAM_WAIT_VALUE_EQ));
+              if (i % 16 == 0) DRV_CHECK(cuStreamWaitValue32(s, word, 0, CU_STREAM_WAIT_VALUE_EQ));
               break;
-            case kWaitEvery: CU(cuStreamWaitValue32(s, word, 0, CU_STREAM_WAIT_VALUE_EQ)); break;
+            case kWaitEvery: DRV_CHECK(cuStreamWaitValue32(s, word, 0, CU_STREAM_WAIT_VALUE_EQ)); break;
             default: break;
           }
-          CU(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s, nullptr, nullptr));
+          DRV_CHECK(cuLaunchKernel(f, 1, 1, 1, 32, 1, 1, 0, s, nullptr, nullptr));
         }
         e += now_us() - b0;
-        CU(cuStreamSynchronize(s));
+        DRV_CHECK(cuStreamSynchronize(s));
       }
       const double n = static_cast<double>(batch) * batches;
       if (r > 0) {
