@@ -1208,8 +1208,11 @@ constexpr unsigned kDefaultGateUs = 100;
 // waited as long behind 1.5- and 6-ms matmuls with 1024 launches queued as
 // with 16, H200, run 80), so it is deeper, on the floor too. Next to an idle
 // LC task 16 launches cost GPT-2-medium training 12% of its throughput, 64
-// 4%, 1024 nothing (H100, run 76). On the mix (H100 run 77, H200 runs 79-81)
-// 1024 gave the training 6-8 points more than 16 at every rate, but at 44
+// 4%, 1024 nothing (H100, run 76); on an H200, with no gate and no timing,
+// 64 by themselves cost it 7% (run 106; presumably the lead the CPU can no
+// longer bank for the training's launch-bound stretches, not measured
+// apart). On the mix (H100 run 77, H200 runs 79-81) 1024 gave the training
+// 6-8 points more than 16 at every rate, but at 44
 // requests/s the LC p99 0.17-0.30x more; 64 kept 16's tail there (1.57-1.60x
 // against 1.49-1.59x) and most of 1024's gains at 87 requests/s and in the
 // closed loop. Launches queued while the LC task was idle keep all the TPCs,
