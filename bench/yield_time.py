@@ -113,7 +113,7 @@ def parse_args(argv):
     p.add_argument("--log", help=argparse.SUPPRESS)
     p.add_argument("--stop", help=argparse.SUPPRESS)
     p.add_argument("--depth", type=int, default=1, help=argparse.SUPPRESS)
-    p.add_argument("--k", type=int, default=8192, help=argparse.SUPPRESS)
+    p.add_argument("--k", default="8192x8192", help=argparse.SUPPRESS)
     p.add_argument("--ks", default="", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     try:
@@ -183,8 +183,9 @@ def worker_lc(a):
 
 def worker_be(a):
     import torch
-    x = torch.randn(8192, a.k, device="cuda", dtype=torch.bfloat16)
-    w = torch.randn(a.k, 8192, device="cuda", dtype=torch.bfloat16)
+    n, k = shape(a.k)
+    x = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     torch.cuda.synchronize()
     with open(a.log, "w", buffering=1) as f:
         f.write("ready\n")
@@ -229,16 +230,17 @@ def worker_lc_probe(a):
 
 
 def worker_be_ctl(a):
-    """--roles BE: the matmul loop of worker_be, steered from stdin: "run ID DEPTH K" (DEPTH
-    matmuls of 8192 x K x 8192, then a synchronization, again and again), "pause ID" (nothing
+    """--roles BE: the matmul loop of worker_be, steered from stdin: "run ID DEPTH NxK" (DEPTH
+    matmuls of N x K x N, then a synchronization, again and again), "pause ID" (nothing
     queued), "quit". Starts paused; each command is taken between batches and answered with the
     file LOG.ack-ID. Log lines "b END PER_KERNEL_MS DEPTH" per batch."""
     die_with_parent()
     import torch
     ops = {}
-    for k in sorted({int(x) for x in a.ks.split(",") if x}):
-        ops[k] = (torch.randn(8192, k, device="cuda", dtype=torch.bfloat16),
-                  torch.randn(k, 8192, device="cuda", dtype=torch.bfloat16))
+    for nk in sorted({x for x in a.ks.split(",") if x}):
+        n, k = shape(nk)
+        ops[nk] = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16),
+                   torch.randn(k, n, device="cuda", dtype=torch.bfloat16))
     torch.cuda.synchronize()
     cur = None
     with open(a.log, "w", buffering=1) as f:
@@ -248,7 +250,7 @@ def worker_be_ctl(a):
                 cmd = sys.stdin.readline().split()
                 if not cmd or cmd[0] == "quit":
                     break  # EOF: the driver is gone
-                cur = (int(cmd[2]), int(cmd[3])) if cmd[0] == "run" else None
+                cur = (int(cmd[2]), cmd[3]) if cmd[0] == "run" else None
                 open(f"{a.log}.ack-{cmd[1]}", "w").close()
                 continue
             depth, k = cur
@@ -264,9 +266,18 @@ def worker_be_ctl(a):
 # ---- the driver ----------------------------------------------------------------------------
 
 def k_for(ms):
-    # An 8192 x K x 8192 bf16 matmul does 2*8192*8192*K flops; about 700 TFLOP/s on a whole
-    # H100/H200 (docs/results.md), so K ~ ms * 700e9 / (2 * 8192 * 8192).
-    return max(256, int(ms * 700e9 / (2 * 8192 * 8192)) // 256 * 256)
+    """The BE matmul for a kernel of about MS ms on a whole GPU, as "NxK": N x K x N bf16. An
+    N x K x N matmul does 2*N*N*K flops, about 700 TFLOP/s on a whole H100/H200
+    (docs/results.md), so K ~ ms * 700e9 / (2 * N * N). N is 8192, and 2048 below 0.1 ms,
+    where K would fall under 256 at 8192 (many short kernels: the gates' spacing by learned
+    work, docs/design.md). The time a kernel took is measured and printed, not assumed."""
+    n = 8192 if ms >= 0.1 else 2048
+    return f"{n}x{max(256, int(ms * 700e9 / (2 * n * n)) // 256 * 256)}"
+
+
+def shape(nk):
+    n, k = (int(x) for x in str(nk).split("x"))
+    return n, k
 
 
 def read_rows(path):
@@ -641,7 +652,7 @@ def roles_plan(a):
     print(f"  LC probe: one replay after a gap of {a.gap[0]:g}-{a.gap[1]:g} ms (uniform): about "
           f"{a.window_s * 1e3 / (sum(a.gap) / 2 + 1):.0f} probes a window, {a.rounds} windows per arm x config")
     for d_, k in configs:
-        print(f"  depth {d_:4d}  kernel ~{k} ms (K={k_for(k)})")
+        print(f"  depth {d_:4d}  kernel ~{k} ms (N x K: {k_for(k)})")
     print(f"  {BE_DEPTH_ENV}: " + (f"{a.be_depth} (roles arm's BE only)" if a.be_depth is not None else
                                    f"unset (the shim's default){'; inherited: ' + os.environ[BE_DEPTH_ENV] if BE_DEPTH_ENV in os.environ else ''}"))
     print(f"seed {a.seed}; about {roles_estimate_s(a):.0f} s (assuming {R_STARTUP_S} s to start a visit's workers); "
@@ -736,7 +747,7 @@ def main(argv):
     if a.dry_run:
         print(f"LC on {LC_TPCS}, BE on {BE_ALL} shrunk to {BE_FLOOR} and back, {a.trials} trials each")
         for d, k in configs:
-            print(f"  depth {d:4d}  kernel ~{k} ms (K={k_for(k)})")
+            print(f"  depth {d:4d}  kernel ~{k} ms (N x K: {k_for(k)})")
         print(f"about {est} s")
         return 0
     if not os.access(a.nvtaskset, os.X_OK):
