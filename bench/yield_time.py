@@ -29,6 +29,8 @@ of its own (one start of both workers, every DEPTH x KERNEL in a random order), 
 order random in each of --rounds rounds:
   roles: LC `nvtaskset -n 16 --latency-critical`, BE `nvtaskset --best-effort` (with
          NVTASKSET_BE_DEPTH=N when --be-depth N is given; else the shim's default);
+  roles-2lc (only with --arms): two LC tasks, `nvtaskset -n 8 --latency-critical` each, probing
+         independently (their probes pooled), next to the same BE: its gate closes for either;
   roles-hold (only with --arms): the same with the BE's NVTASKSET_BE_YIELD=hold, its launches
          held on the CPU instead of stopped by the default gate on the GPU;
   plain: LC `nvtaskset -t 0-15`, BE `nvtaskset -t 0-65` (no roles: the LC waits behind the BE's
@@ -75,12 +77,16 @@ SHRUNK_S, GROWN_S = 2.0, 2.5
 # of a visit, the daemon and the checks.
 ALL_ARMS = {
     "roles": (["-n", "16", "--latency-critical"], ["--best-effort"]),
+    "roles-2lc": (["-n", "8", "--latency-critical"], ["--best-effort"]),
     "roles-hold": (["-n", "16", "--latency-critical"], ["--best-effort"]),
     "plain": (["-t", LC_TPCS], ["-t", BE_ALL]),
 }
 # The BE's environment in an arm, beyond --be-depth: roles-hold holds its launches on the CPU
 # instead of the default gate on the GPU.
 ARM_BE_ENV = {"roles-hold": {"NVTASKSET_BE_YIELD": "hold"}}
+# How many LC tasks an arm starts (each with the arm's LC options, one after the other, so that
+# each -n chooses after the one before has published its reservation).
+ARM_LC_TASKS = {"roles-2lc": 2}
 ARMS = {k: ALL_ARMS[k] for k in ("roles", "plain")}  # --arms
 ROLE_OPTION = "--latency-critical"
 BE_DEPTH_ENV = "NVTASKSET_BE_DEPTH"
@@ -467,7 +473,8 @@ def roles_cmd(a, arm, role, log, stop=None, extra=()):
 
 def roles_show(a, arm, role):
     env = "".join(f"{k}={v} " for k, v in roles_be_env(a, arm).items()) if role == "be" else ""
-    return env + " ".join(["nvtaskset", *ARMS[arm][0 if role == "lc" else 1]])
+    n = ARM_LC_TASKS.get(arm, 1) if role == "lc" else 1
+    return env + " ".join(["nvtaskset", *ARMS[arm][0 if role == "lc" else 1]]) + (f" (x{n})" if n > 1 else "")
 
 
 def nvtaskset_knows_roles(nv):
@@ -518,29 +525,33 @@ def wait_file(path, p, log, timeout=60):
 def roles_visit(a, d, work, arm, rnd, configs, rng):
     """Starts the arm's LC (first: its partition is published before the BE chooses) and BE,
     measures the LC alone (BE paused), then each DEPTH x KERNEL in a random order. Returns the
-    windows: (name, depth, kernel ms, t0, t1) and the start-up time."""
+    windows: (name, depth, kernel ms, t0, t1), the start-up time, the LC logs and the BE's."""
     tag = f"r{rnd + 1}-{arm}"
     lcl, bel, stop = (os.path.join(work, f"{tag}.{x}") for x in ("lc", "be", "stop"))
+    lcls = [lcl] + [f"{lcl}{i + 1}" for i in range(1, ARM_LC_TASKS.get(arm, 1))]
     ks = sorted({k_for(ms) for _, ms in configs})
     t_start = time.monotonic()
     procs = []
     windows = []
     be = None
     try:
-        lc = subprocess.Popen(roles_cmd(a, arm, "lc", lcl, stop, ["--gap-ms", a.gap_ms, "--seed", str(rng.randrange(2**31))]),
-                              env=roles_env(a, d.env, arm, "lc"), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=open(lcl + ".err", "w"), start_new_session=True)
-        procs.append(lc)
-        try:
-            wait_file(lcl + ".started", lc, lcl)
-        except RuntimeError as e:
-            raise RuntimeError(f"LC {e}") from None
+        lcs = []
+        for log in lcls:
+            lc = subprocess.Popen(roles_cmd(a, arm, "lc", log, stop, ["--gap-ms", a.gap_ms, "--seed", str(rng.randrange(2**31))]),
+                                  env=roles_env(a, d.env, arm, "lc"), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                  stderr=open(log + ".err", "w"), start_new_session=True)
+            procs.append(lc)
+            lcs.append(lc)
+            try:
+                wait_file(log + ".started", lc, log)
+            except RuntimeError as e:
+                raise RuntimeError(f"LC {e}") from None
         bp = subprocess.Popen(roles_cmd(a, arm, "be", bel, extra=["--ks", ",".join(map(str, ks))]),
                               env=roles_env(a, d.env, arm, "be"), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                               stderr=open(bel + ".err", "w"), text=True, start_new_session=True)
         procs.append(bp)
         be = BeCtl(bp, bel)
-        for log, p, who in ((lcl, lc, "LC"), (bel, bp, "BE")):
+        for log, p, who in [*((l, p, "LC") for l, p in zip(lcls, lcs)), (bel, bp, "BE")]:
             try:
                 wait_ready(log, p)
             except RuntimeError as e:
@@ -558,7 +569,7 @@ def roles_visit(a, d, work, arm, rnd, configs, rng):
             t0 = time.monotonic()
             time.sleep(a.window_s)
             t1 = time.monotonic()
-            for p, who in ((lc, "LC"), (bp, "BE")):
+            for p, who in [*((p, "LC") for p in lcs), (bp, "BE")]:
                 if p.poll() is not None:
                     raise RuntimeError(f"{who} worker exited ({p.returncode}) during depth {depth} x {ms} ms")
             windows.append(("be", depth, ms, t0, t1))
@@ -572,7 +583,7 @@ def roles_visit(a, d, work, arm, rnd, configs, rng):
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-    return windows, startup, lcl, bel
+    return windows, startup, lcls, bel
 
 
 def roles_window(probes, batches, name, depth, ms, t0, t1, rnd):
@@ -696,12 +707,13 @@ def roles_main(a):
                     continue
                 print(f"round {rnd + 1}/{a.rounds}: {arm}, {time.monotonic() - t_begin:.0f} s into the run", flush=True)
                 try:
-                    ws, startup, lcl, bel = roles_visit(a, d, work, arm, rnd, configs, rng)
+                    ws, startup, lcls, bel = roles_visit(a, d, work, arm, rnd, configs, rng)
                 except RuntimeError as e:
                     failed[arm] = str(e).strip()
                     print(f"  FAILED, not run again: {failed[arm]}", flush=True)
                     continue
-                probes, batches = read_tagged(lcl, "p"), read_tagged(bel, "b")
+                probes = sorted(x for log in lcls for x in read_tagged(log, "p"))
+                batches = read_tagged(bel, "b")
                 visits.append({"round": rnd + 1, "arm": arm, "startup_s": round(startup, 2)})
                 for name, depth, ms, t0, t1 in ws:
                     w = roles_window(probes, batches, name, depth, ms, t0, t1, rnd)
