@@ -29,6 +29,8 @@ of its own (one start of both workers, every DEPTH x KERNEL in a random order), 
 order random in each of --rounds rounds:
   roles: LC `nvtaskset -n 16 --latency-critical`, BE `nvtaskset --best-effort` (with
          NVTASKSET_BE_DEPTH=N when --be-depth N is given; else the shim's default);
+  roles-n8 (only with --arms): one LC task on `-n 8 --latency-critical` (against roles-2lc: what
+         the second LC task changes, not the smaller reservation);
   roles-2lc (only with --arms): two LC tasks, `nvtaskset -n 8 --latency-critical` each, probing
          independently (their probes pooled), next to the same BE: its gate closes for either;
   roles-hold (only with --arms): the same with the BE's NVTASKSET_BE_YIELD=hold, its launches
@@ -77,6 +79,7 @@ SHRUNK_S, GROWN_S = 2.0, 2.5
 # of a visit, the daemon and the checks.
 ALL_ARMS = {
     "roles": (["-n", "16", "--latency-critical"], ["--best-effort"]),
+    "roles-n8": (["-n", "8", "--latency-critical"], ["--best-effort"]),
     "roles-2lc": (["-n", "8", "--latency-critical"], ["--best-effort"]),
     "roles-hold": (["-n", "16", "--latency-critical"], ["--best-effort"]),
     "plain": (["-t", LC_TPCS], ["-t", BE_ALL]),
