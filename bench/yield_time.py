@@ -29,12 +29,12 @@ of its own (one start of both workers, every DEPTH x KERNEL in a random order), 
 order random in each of --rounds rounds:
   roles: LC `nvtaskset -n 16 --latency-critical`, BE `nvtaskset --best-effort` (with
          NVTASKSET_BE_DEPTH=N when --be-depth N is given; else the shim's default);
+  roles-hold (only with --arms): roles with the BE's NVTASKSET_BE_YIELD=hold, its launches
+         held on the CPU instead of stopped by the default gate on the GPU;
   roles-n8 (only with --arms): one LC task on `-n 8 --latency-critical` (against roles-2lc: what
          the second LC task changes, not the smaller reservation);
   roles-2lc (only with --arms): two LC tasks, `nvtaskset -n 8 --latency-critical` each, probing
          independently (their probes pooled), next to the same BE: its gate closes for either;
-  roles-hold (only with --arms): the same with the BE's NVTASKSET_BE_YIELD=hold, its launches
-         held on the CPU instead of stopped by the default gate on the GPU;
   plain: LC `nvtaskset -t 0-15`, BE `nvtaskset -t 0-65` (no roles: the LC waits behind the BE's
          queue), as in the mode above before its `-p`.
 Both are MPS clients of the same private daemon. The BE runs its DEPTH-deep matmul loop without
