@@ -192,7 +192,7 @@ def worker_lc(a):
 
 def worker_be(a):
     import torch
-    n, k = shape(a.k)
+    n, k = matmul_dims(a.k)
     x = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
     torch.cuda.synchronize()
@@ -247,7 +247,7 @@ def worker_be_ctl(a):
     import torch
     ops = {}
     for nk in sorted({x for x in a.ks.split(",") if x}):
-        n, k = shape(nk)
+        n, k = matmul_dims(nk)
         ops[nk] = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16),
                    torch.randn(k, n, device="cuda", dtype=torch.bfloat16))
     torch.cuda.synchronize()
@@ -274,7 +274,7 @@ def worker_be_ctl(a):
 
 # ---- the driver ----------------------------------------------------------------------------
 
-def k_for(ms):
+def matmul_for(ms):
     """The BE matmul for a kernel of about MS ms on a whole GPU, as "NxK": N x K x N bf16. An
     N x K x N matmul does 2*N*N*K flops, about 700 TFLOP/s on a whole H100/H200
     (docs/results.md), so K ~ ms * 700e9 / (2 * N * N). N is 8192, and 2048 below 0.1 ms,
@@ -284,8 +284,8 @@ def k_for(ms):
     return f"{n}x{max(256, int(ms * 700e9 / (2 * n * n)) // 256 * 256)}"
 
 
-def shape(nk):
-    n, k = (int(x) for x in str(nk).split("x"))
+def matmul_dims(nk):
+    n, k = (int(x) for x in nk.split("x"))
     return n, k
 
 
@@ -365,7 +365,7 @@ def one_config(a, d, work, depth, ms, alone):
     tag = f"d{depth}-k{ms}"
     lcl, bel, stop = (os.path.join(work, f"{tag}.{x}") for x in ("lc", "be", "stop"))
     lc = start(a, "lc", LC_TPCS, lcl, stop, d.env)
-    be = start(a, "be", BE_ALL, bel, stop, d.env, ["--depth", str(depth), "--k", str(k_for(ms))])
+    be = start(a, "be", BE_ALL, bel, stop, d.env, ["--depth", str(depth), "--k", matmul_for(ms)])
     trials = []
     try:
         wait_ready(lcl, lc)
@@ -532,7 +532,7 @@ def roles_visit(a, d, work, arm, rnd, configs, rng):
     tag = f"r{rnd + 1}-{arm}"
     lcl, bel, stop = (os.path.join(work, f"{tag}.{x}") for x in ("lc", "be", "stop"))
     lcls = [lcl] + [f"{lcl}{i + 1}" for i in range(1, ARM_LC_TASKS.get(arm, 1))]
-    ks = sorted({k_for(ms) for _, ms in configs})
+    ks = sorted({matmul_for(ms) for _, ms in configs})
     t_start = time.monotonic()
     procs = []
     windows = []
@@ -549,7 +549,7 @@ def roles_visit(a, d, work, arm, rnd, configs, rng):
                 wait_file(log + ".started", lc, log)
             except RuntimeError as e:
                 raise RuntimeError(f"LC {e}") from None
-        bp = subprocess.Popen(roles_cmd(a, arm, "be", bel, extra=["--ks", ",".join(map(str, ks))]),
+        bp = subprocess.Popen(roles_cmd(a, arm, "be", bel, extra=["--ks", ",".join(ks)]),
                               env=roles_env(a, d.env, arm, "be"), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                               stderr=open(bel + ".err", "w"), text=True, start_new_session=True)
         procs.append(bp)
@@ -567,7 +567,7 @@ def roles_visit(a, d, work, arm, rnd, configs, rng):
         order = list(configs)
         rng.shuffle(order)
         for depth, ms in order:
-            be.send("run", depth, k_for(ms))
+            be.send("run", depth, matmul_for(ms))
             time.sleep(R_SWITCH_S / 2)
             t0 = time.monotonic()
             time.sleep(a.window_s)
@@ -608,7 +608,7 @@ def roles_summary(a, windows, configs):
         out["alone"][arm] = {**lat_stats(lat), "per_round_p50_ms": [w["p50_ms"] for w in windows
                                                                    if w["arm"] == arm and w["window"] == "alone"]}
     for depth, ms in configs:
-        c = {"depth": depth, "kernel_ms_target": ms, "k": k_for(ms)}
+        c = {"depth": depth, "kernel_ms_target": ms, "k": matmul_for(ms)}
         for arm in ARMS:
             ws = [w for w in windows if w["arm"] == arm and w["window"] == "be" and w["depth"] == depth
                   and w["kernel_ms_target"] == ms]
@@ -666,7 +666,7 @@ def roles_plan(a):
     print(f"  LC probe: one replay after a gap of {a.gap[0]:g}-{a.gap[1]:g} ms (uniform): about "
           f"{a.window_s * 1e3 / (sum(a.gap) / 2 + 1):.0f} probes a window, {a.rounds} windows per arm x config")
     for d_, k in configs:
-        print(f"  depth {d_:4d}  kernel ~{k} ms (N x K: {k_for(k)})")
+        print(f"  depth {d_:4d}  kernel ~{k} ms (N x K: {matmul_for(k)})")
     print(f"  {BE_DEPTH_ENV}: " + (f"{a.be_depth} (roles arm's BE only)" if a.be_depth is not None else
                                    f"unset (the shim's default){'; inherited: ' + os.environ[BE_DEPTH_ENV] if BE_DEPTH_ENV in os.environ else ''}"))
     print(f"seed {a.seed}; about {roles_estimate_s(a):.0f} s (assuming {R_STARTUP_S} s to start a visit's workers); "
@@ -762,7 +762,7 @@ def main(argv):
     if a.dry_run:
         print(f"LC on {LC_TPCS}, BE on {BE_ALL} shrunk to {BE_FLOOR} and back, {a.trials} trials each")
         for d, k in configs:
-            print(f"  depth {d:4d}  kernel ~{k} ms (N x K: {k_for(k)})")
+            print(f"  depth {d:4d}  kernel ~{k} ms (N x K: {matmul_for(k)})")
         print(f"about {est} s")
         return 0
     if not os.access(a.nvtaskset, os.X_OK):
