@@ -23,7 +23,7 @@ It is an upper bound of the wait (a kernel of many short blocks lets the LC task
 its own end), and a lower one where the GPU's front end passes open gates ahead of the kernels
 behind them.
 
-    python3 bench/be_kernels.py [--steps 6] [--warmup 4] [--samples 200000] [--json OUT.json]
+    python3 bench/be_kernels.py [--steps 6] [--warmup 4] [--samples 200000] [--long-ms 0.5] [--json OUT.json]
 """
 import argparse
 import bisect
@@ -46,14 +46,20 @@ def pct(xs, q):
     return xs[k]
 
 
-def kernels_of(trace_path):
-    """(start_us, end_us, name) of every kernel in a chrome trace, in start order."""
+def kernels_of(trace_path, grids=None):
+    """(start_us, end_us, name) of every kernel in a chrome trace, in start order. With `grids` (a
+    dict), also fills grids[name] with the set of (grid, block, cluster) launch shapes seen."""
     with open(trace_path) as f:
         d = json.load(f)
     ks = []
     for e in d.get("traceEvents", []):
         if e.get("cat") == "kernel" and "ts" in e and "dur" in e:
             ks.append((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e.get("name", "?")))
+            if grids is not None:
+                args = e.get("args", {})
+                shape = (tuple(args.get("grid", ())), tuple(args.get("block", ())),
+                         tuple(args.get("cluster", ())) if "cluster" in args else ())
+                grids.setdefault(e.get("name", "?"), collections.Counter())[shape] += 1
     ks.sort()
     return ks
 
@@ -90,6 +96,9 @@ def main():
     ap.add_argument("--samples", type=int, default=200000, help="random arrivals (default 200000)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--json", help="also write the numbers here")
+    ap.add_argument("--long-ms", type=float, default=0.5,
+                    help="print the launch shapes (grid, block, cluster) of kernels at least this long "
+                         "(default 0.5 ms; 0: none)")
     a = ap.parse_args()
     if a.steps < 1 or a.warmup < 0 or a.samples < 1:
         sys.exit("be_kernels: --steps and --samples must be positive, --warmup not negative")
@@ -111,7 +120,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
-        ks = kernels_of(path)
+        grids = {}
+        ks = kernels_of(path, grids)
     if len(ks) < 2:
         sys.exit("be_kernels: the profile holds no kernels (is CUPTI available?)")
 
@@ -155,6 +165,17 @@ def main():
         ab = v["above"]
         print(f"    {g:>10}  {v['p50']:5.2f}  {v['p90']:5.2f}  {v['p99']:5.2f}  {v['max']:5.2f}   "
               f"{ab['0.5']:6.1%}  {ab['1']:5.1%}  {ab['2']:5.1%}")
+    if a.long_ms > 0:
+        long = sorted({n for s, e, n in ks if e - s >= a.long_ms * 1e3}, key=lambda n: -max(by[n]))
+        res["long_shapes"] = []
+        print(f"  launch shapes of the kernels of {a.long_ms} ms or more (grid / block / cluster: launches):")
+        for n in long:
+            shapes = [{"grid": list(g), "block": list(b), "cluster": list(c), "launches": k}
+                      for (g, b, c), k in grids.get(n, {}).items()]
+            res["long_shapes"].append({"name": n[:90], "max_us": max(by[n]), "shapes": shapes})
+            print(f"    {max(by[n]):7.0f} us  {n[:90]}")
+            for sh in shapes:
+                print(f"      grid {sh['grid']} block {sh['block']} cluster {sh['cluster'] or '-'}: {sh['launches']}")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
