@@ -45,6 +45,9 @@ latency is from its launch to its completion (synchronized). A visit first measu
 alone (the BE worker started but paused: no work queued). Printed per arm and DEPTH x KERNEL:
 the LC's latency p50 / p99 / max alone and next to the BE (probes pooled over rounds), the
 give-back time as (p50 and p99 next to the BE) - (p50 alone, same arm), and the BE's matmuls/s.
+--be-align1 makes the BE's matmuls N x K x (N+1), whose output width is no multiple of 8, so that
+cuBLAS takes its align1 kernels (CUTLASS 2.x grids of many short blocks), as GPT-2-medium
+training's LM head does, instead of kernels that hold their SMs to the end.
 Writes OUT/yield_time_roles.json and OUT/yield-roles-logs.tgz. Checks first that
 `nvtaskset --help` mentions --latency-critical.
 
@@ -118,12 +121,17 @@ def parse_args(argv):
                         "NVTASKSET_BE_YIELD=hold)")
     r.add_argument("--seed", type=int, default=None, help="orders and gaps (default: random, printed)")
     r.add_argument("--budget-s", type=float, default=290, help="start no visit that would end after this (default %(default)s)")
+    r.add_argument("--be-align1", action="store_true",
+                   help="the BE's matmuls N x K x (N+1): an output width that is no multiple of 8 makes cuBLAS "
+                        "take its align1 kernels (CUTLASS 2.x, many short blocks), as GPT-2-medium training's "
+                        "LM head (vocabulary 50257) does, instead of its kernels that hold their SMs")
     p.add_argument("role", nargs="?", choices=["lc", "be", "lcprobe", "bectl"], help=argparse.SUPPRESS)
     p.add_argument("--log", help=argparse.SUPPRESS)
     p.add_argument("--stop", help=argparse.SUPPRESS)
     p.add_argument("--depth", type=int, default=1, help=argparse.SUPPRESS)
     p.add_argument("--k", default="8192x8192", help=argparse.SUPPRESS)
     p.add_argument("--ks", default="", help=argparse.SUPPRESS)
+    p.add_argument("--align1", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     try:
         a.depth_list = [int(x) for x in a.depths.split(",")]
@@ -249,7 +257,7 @@ def worker_be_ctl(a):
     for nk in sorted({x for x in a.ks.split(",") if x}):
         n, k = matmul_dims(nk)
         ops[nk] = (torch.randn(n, k, device="cuda", dtype=torch.bfloat16),
-                   torch.randn(k, n, device="cuda", dtype=torch.bfloat16))
+                   torch.randn(k, n + 1 if a.align1 else n, device="cuda", dtype=torch.bfloat16))
     torch.cuda.synchronize()
     cur = None
     with open(a.log, "w", buffering=1) as f:
@@ -549,7 +557,8 @@ def roles_visit(a, d, work, arm, rnd, configs, rng):
                 wait_file(log + ".started", lc, log)
             except RuntimeError as e:
                 raise RuntimeError(f"LC {e}") from None
-        bp = subprocess.Popen(roles_cmd(a, arm, "be", bel, extra=["--ks", ",".join(ks)]),
+        bp = subprocess.Popen(roles_cmd(a, arm, "be", bel,
+                                        extra=["--ks", ",".join(ks)] + (["--align1"] if a.be_align1 else [])),
                               env=roles_env(a, d.env, arm, "be"), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
                               stderr=open(bel + ".err", "w"), text=True, start_new_session=True)
         procs.append(bp)
@@ -730,7 +739,7 @@ def roles_main(a):
         d.stop()
         summary = roles_summary(a, windows, configs)
         result = {"mode": "roles", "argv": sys.argv, "nvtaskset": a.nvtaskset, "seed": a.seed, "rounds": a.rounds,
-                  "window_s": a.window_s, "gap_ms": a.gap,
+                  "window_s": a.window_s, "gap_ms": a.gap, "be_align1": a.be_align1,
                   "be_depth": a.be_depth, "be_depth_inherited": os.environ.get(BE_DEPTH_ENV) if a.be_depth is None else None,
                   "arms": {arm: {"lc": roles_show(a, arm, "lc"), "be": roles_show(a, arm, "be")} for arm in ARMS},
                   "elapsed_s": round(time.monotonic() - t_begin, 1), "visits": visits, "skipped": skipped,
