@@ -17,7 +17,7 @@ import (
 // claim that names none, and nothing beyond the GPU.
 func TestAllocatorOverPublishedSlices(t *testing.T) {
 	res := Resources(testNode, gpusOf(1, 64), DefaultTPCs)
-	a := &allocator{t: t, slices: sliceObjects(map[string][]resourceapi.Device{testNode: res.Pools[testNode].Slices[0].Devices}), class: deviceClass(t)}
+	a := newAllocator(t, sliceObjects(map[string][]resourceapi.Device{testNode: res.Pools[testNode].Slices[0].Devices}), deviceClass(t))
 	consumed := func(c *resourceapi.ResourceClaim) int64 {
 		r := c.Status.Allocation.Devices.Results[0]
 		if r.Driver != Name || r.Pool != testNode || r.Device != "gpu-0" || r.ShareID == nil {
@@ -50,7 +50,7 @@ func TestAllocatorOverPublishedSlices(t *testing.T) {
 	}
 	// Past the GPU, or below one TPC, never.
 	for _, n := range []int64{65} {
-		b := &allocator{t: t, slices: a.slices, class: a.class}
+		b := newAllocator(t, a.Slices, a.Classes[0])
 		if c := newClaim("big", n); b.allocate(c, "big") {
 			t.Fatalf("%d TPCs allocated on a GPU of 64", n)
 		}
@@ -69,7 +69,7 @@ func TestExampleClaimTemplate(t *testing.T) {
 		t.Fatalf("example.yaml's first document: %v (%s)", err, tmpl.Kind)
 	}
 	res := Resources(testNode, gpusOf(1, 66), DefaultTPCs)
-	a := &allocator{t: t, slices: sliceObjects(map[string][]resourceapi.Device{testNode: res.Pools[testNode].Slices[0].Devices}), class: deviceClass(t)}
+	a := newAllocator(t, sliceObjects(map[string][]resourceapi.Device{testNode: res.Pools[testNode].Slices[0].Devices}), deviceClass(t))
 	c := newClaim("example", 0)
 	c.Spec = tmpl.Spec.Spec
 	// The API server's defaults for a request that names no mode.

@@ -29,7 +29,7 @@ func TestBadInputs(t *testing.T) {
 	n := newNode(t, 64)
 	n.start()
 	endpoint := n.register()
-	a := &allocator{t: t, slices: n.slices(), class: deviceClass(t)}
+	a := newAllocator(t, n.slices(), deviceClass(t))
 	held := []*resourceapi.ResourceClaim{newClaim("held-16", 16), newClaim("held-32", 32)}
 	for _, c := range held {
 		if !a.allocate(c, "pod-"+c.Name) {
@@ -48,9 +48,9 @@ func TestBadInputs(t *testing.T) {
 
 	// allocated is an allocation of tpcs on gpu-0 as the allocator makes
 	// it, then changed by edit (a stale or forged allocation).
-	allocated := func(name string, tpcs int64, edit func(*resourceapi.ResourceClaim), cfg ...resourceapi.DeviceClaimConfiguration) *resourceapi.ResourceClaim {
+	allocated := func(name string, tpcs int64, edit func(*resourceapi.ResourceClaim), cfg ...string) *resourceapi.ResourceClaim {
 		c := newClaim(name, tpcs, cfg...)
-		fresh := &allocator{t: t, slices: a.slices, class: a.class}
+		fresh := newAllocator(t, a.Slices, a.Classes[0])
 		if !fresh.allocate(c, "pod-lc") {
 			t.Fatalf("%s not allocated", name)
 		}
@@ -138,7 +138,7 @@ func TestRoleShare(t *testing.T) {
 	n := newNode(t, 64)
 	n.start()
 	endpoint := n.register()
-	a := &allocator{t: t, slices: n.slices(), class: deviceClass(t)}
+	a := newAllocator(t, n.slices(), deviceClass(t))
 	if _, err := n.client.CoreV1().Pods("default").Create(n.ctx, &v1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "server", Namespace: "default"},
 		Spec: v1.PodSpec{HostPID: true}}, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)

@@ -8,18 +8,13 @@ import (
 	"path/filepath"
 	"testing"
 
-	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/apimachinery/pkg/util/sets"
-	"k8s.io/dynamic-resource-allocation/cel"
-	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
 
 	"nvtaskset.dev/k8s/internal/holder"
+	"nvtaskset.dev/k8s/internal/kubeletsim"
 	"nvtaskset.dev/k8s/internal/nvtaskset"
 )
 
@@ -48,18 +43,6 @@ func deviceClass(t *testing.T) *resourceapi.DeviceClass {
 	return &c
 }
 
-type classLister []*resourceapi.DeviceClass
-
-func (l classLister) List() ([]*resourceapi.DeviceClass, error) { return l, nil }
-func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
-	for _, c := range l {
-		if c.Name == name {
-			return c, nil
-		}
-	}
-	return nil, os.ErrNotExist
-}
-
 // sliceObjects turns what the plugin publishes into ResourceSlice objects,
 // as the resourceslice controller stores them.
 func sliceObjects(res map[string][]resourceapi.Device) []*resourceapi.ResourceSlice {
@@ -78,77 +61,34 @@ func sliceObjects(res map[string][]resourceapi.Device) []*resourceapi.ResourceSl
 	return out
 }
 
-// newClaim is a claim of the shipped class; tpcs 0 names no capacity.
-func newClaim(name string, tpcs int64, configs ...resourceapi.DeviceClaimConfiguration) *resourceapi.ResourceClaim {
-	req := resourceapi.DeviceRequest{Name: "gpu", Exactly: &resourceapi.ExactDeviceRequest{
-		DeviceClassName: Name, AllocationMode: resourceapi.DeviceAllocationModeExactCount, Count: 1}}
-	if tpcs > 0 {
-		req.Exactly.Capacity = &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{
-			CapacityTPCs: *resource.NewQuantity(tpcs, resource.DecimalSI)}}
-	}
-	return &resourceapi.ResourceClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", UID: types.UID("uid-" + name)},
-		Spec:       resourceapi.ResourceClaimSpec{Devices: resourceapi.DeviceClaim{Requests: []resourceapi.DeviceRequest{req}, Config: configs}},
-	}
+// newClaim is a claim of the shipped class; tpcs 0 names no capacity;
+// each config is an opaque configuration's parameters (JSON).
+func newClaim(name string, tpcs int64, configs ...string) *resourceapi.ResourceClaim {
+	return kubeletsim.Claim("default", name, Name, tpcs, configs...)
 }
 
-// opaque is a claim's opaque configuration for this driver.
-func opaque(raw string) resourceapi.DeviceClaimConfiguration {
-	return resourceapi.DeviceClaimConfiguration{DeviceConfiguration: resourceapi.DeviceConfiguration{
-		Opaque: &resourceapi.OpaqueDeviceConfiguration{Driver: Name, Parameters: runtimeRaw(raw)}}}
-}
+// opaque is the parameters of an opaque configuration for this driver.
+func opaque(raw string) string { return raw }
 
-// allocator allocates claims as the scheduler does: with the structured
-// allocator, over the given slices, counting what earlier claims consume.
+// allocator allocates claims as the scheduler does (kubeletsim.Scheduler).
 type allocator struct {
-	t         *testing.T
-	slices    []*resourceapi.ResourceSlice
-	class     *resourceapi.DeviceClass
-	allocated []*resourceapi.ResourceClaim
+	t *testing.T
+	*kubeletsim.Scheduler
+}
+
+func newAllocator(t *testing.T, slices []*resourceapi.ResourceSlice, class *resourceapi.DeviceClass) *allocator {
+	return &allocator{t, &kubeletsim.Scheduler{Node: testNode, Slices: slices, Classes: []*resourceapi.DeviceClass{class}}}
 }
 
 // allocate fills c.Status.Allocation and reserves it for pod; false when
 // the claim cannot be allocated now.
 func (a *allocator) allocate(c *resourceapi.ResourceClaim, pod string) bool {
 	a.t.Helper()
-	state := structured.AllocatedState{
-		AllocatedDevices:         sets.New[structured.DeviceID](),
-		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
-		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
-	}
-	for _, done := range a.allocated {
-		for _, r := range done.Status.Allocation.Devices.Results {
-			id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
-			state.AllocatedSharedDeviceIDs.Insert(structured.MakeSharedDeviceID(id, r.ShareID))
-			state.AggregatedCapacity.Insert(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
-		}
-	}
-	al, err := structured.NewAllocator(context.Background(), structured.Features{ConsumableCapacity: true}, state,
-		classLister{a.class}, a.slices, cel.NewCache(10, cel.Features{EnableConsumableCapacity: true}))
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	res, err := al.Allocate(context.Background(), &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode}}, []*resourceapi.ResourceClaim{c})
+	ok, err := a.Allocate(context.Background(), c, pod)
 	if err != nil {
 		a.t.Fatalf("allocate %s: %v", c.Name, err)
 	}
-	if res == nil {
-		return false
-	}
-	c.Status.Allocation = &res[0]
-	c.Status.ReservedFor = []resourceapi.ResourceClaimConsumerReference{{Resource: "pods", Name: pod, UID: types.UID("pod-" + pod)}}
-	a.allocated = append(a.allocated, c)
-	return true
-}
-
-// release forgets an allocation (the claim was deleted).
-func (a *allocator) release(c *resourceapi.ResourceClaim) {
-	for i, x := range a.allocated {
-		if x == c {
-			a.allocated = append(a.allocated[:i], a.allocated[i+1:]...)
-			return
-		}
-	}
+	return ok
 }
 
 func gpusOf(n, tpcs int) []nvtaskset.GPU {

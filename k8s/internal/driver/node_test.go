@@ -8,7 +8,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,19 +18,15 @@ import (
 	"time"
 
 	oci "github.com/opencontainers/runtime-spec/specs-go"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	drapb "k8s.io/kubelet/pkg/apis/dra/v1"
 	registerapi "k8s.io/kubelet/pkg/apis/pluginregistration/v1"
-	"tags.cncf.io/container-device-interface/pkg/cdi"
 
 	"nvtaskset.dev/k8s/internal/cdispec"
 	"nvtaskset.dev/k8s/internal/holder"
+	"nvtaskset.dev/k8s/internal/kubeletsim"
 	"nvtaskset.dev/k8s/internal/nvtaskset"
 )
 
@@ -56,6 +51,7 @@ type node struct {
 	mps                          nvtaskset.MPSMode
 	extraEnv                     []string
 	claims                       []string // the UIDs this node prepared
+	k                            *kubeletsim.Kubelet
 }
 
 func need(t *testing.T, name string) string {
@@ -143,7 +139,7 @@ func newNodeCDI(t *testing.T, tpcs int, systemCDI bool) *node {
 	t.Cleanup(cancel)
 	n.ctx = ctx
 	// The API server knows the node: the slices are owned by it.
-	n.client = fake.NewClientset(&v1.Node{ObjectMeta: metav1.ObjectMeta{Name: testNode, UID: "node-uid"}})
+	n.client = kubeletsim.NewAPI(testNode)
 	gpus, err := n.nvtaskset().Topology(ctx)
 	if err != nil || len(gpus) != 1 {
 		t.Fatalf("the stand-in GPU: %v, %v", gpus, err)
@@ -218,39 +214,20 @@ func (n *node) restart() {
 	n.start()
 }
 
-func dial(t *testing.T, socket string) *grpc.ClientConn {
-	t.Helper()
-	conn, err := grpc.NewClient("unix:"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(func(ctx context.Context, addr string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "unix", strings.TrimPrefix(addr, "unix:"))
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
-	return conn
-}
-
 // register does what the kubelet's plugin watcher does with a new socket
-// in its registry directory: GetInfo, then NotifyRegistrationStatus. It
-// returns the DRA endpoint the plugin names.
+// in its registry directory (kubeletsim.Register), and checks what the
+// plugin says of itself.
 func (n *node) register() string {
 	n.t.Helper()
-	socks, _ := filepath.Glob(filepath.Join(n.dir, "registry", "*.sock"))
-	if len(socks) != 1 {
-		n.t.Fatalf("registration sockets: %v", socks)
-	}
-	reg := registerapi.NewRegistrationClient(dial(n.t, socks[0]))
-	info, err := reg.GetInfo(n.ctx, &registerapi.InfoRequest{})
+	k, info, err := kubeletsim.Register(n.ctx, n.client, filepath.Join(n.dir, "registry"))
 	if err != nil {
 		n.t.Fatal(err)
 	}
+	n.t.Cleanup(k.Close)
 	if info.Type != registerapi.DRAPlugin || info.Name != Name || !contains(info.SupportedVersions, "v1.DRAPlugin") {
 		n.t.Fatalf("GetInfo = %+v", info)
 	}
-	if _, err := reg.NotifyRegistrationStatus(n.ctx, &registerapi.RegistrationStatus{PluginRegistered: true}); err != nil {
-		n.t.Fatal(err)
-	}
+	n.k = k
 	return info.Endpoint
 }
 
@@ -266,60 +243,37 @@ func contains(list []string, s string) bool {
 // slices waits for the ResourceSlices the plugin publishes in the API.
 func (n *node) slices() []*resourceapi.ResourceSlice {
 	n.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		l, err := n.client.ResourceV1().ResourceSlices().List(n.ctx, metav1.ListOptions{})
-		if err == nil && len(l.Items) > 0 {
-			var out []*resourceapi.ResourceSlice
-			for i := range l.Items {
-				out = append(out, &l.Items[i])
-			}
-			return out
-		}
-		if time.Now().After(deadline) {
-			n.t.Fatalf("no ResourceSlice published: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// store puts an allocated claim where the kubelet plugin helper reads it.
-func (n *node) store(c *resourceapi.ResourceClaim) {
-	n.t.Helper()
-	_ = n.client.ResourceV1().ResourceClaims(c.Namespace).Delete(n.ctx, c.Name, metav1.DeleteOptions{})
-	if _, err := n.client.ResourceV1().ResourceClaims(c.Namespace).Create(n.ctx, c, metav1.CreateOptions{}); err != nil {
-		n.t.Fatal(err)
-	}
-}
-
-// prepare calls NodePrepareResources on endpoint for the claims, as the
-// kubelet does before it starts their pod.
-func (n *node) prepare(endpoint string, claims ...*resourceapi.ResourceClaim) map[string]*drapb.NodePrepareResourceResponse {
-	n.t.Helper()
-	req := &drapb.NodePrepareResourcesRequest{}
-	for _, c := range claims {
-		n.claims = append(n.claims, string(c.UID))
-		n.store(c)
-		req.Claims = append(req.Claims, &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)})
-	}
-	resp, err := drapb.NewDRAPluginClient(dial(n.t, endpoint)).NodePrepareResources(n.ctx, req)
+	s, err := kubeletsim.Slices(n.ctx, n.client)
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	return resp.Claims
+	return s
+}
+
+// prepare calls NodePrepareResources for the claims (stored in the API
+// first), as the kubelet does before it starts their pod.
+func (n *node) prepare(endpoint string, claims ...*resourceapi.ResourceClaim) map[string]*drapb.NodePrepareResourceResponse {
+	n.t.Helper()
+	if endpoint != n.k.Endpoint {
+		n.t.Fatalf("endpoint %s, registered %s", endpoint, n.k.Endpoint)
+	}
+	for _, c := range claims {
+		n.claims = append(n.claims, string(c.UID))
+	}
+	resp, err := n.k.Prepare(n.ctx, claims...)
+	if err != nil {
+		n.t.Fatal(err)
+	}
+	return resp
 }
 
 func (n *node) unprepare(endpoint string, claims ...*resourceapi.ResourceClaim) map[string]*drapb.NodeUnprepareResourceResponse {
 	n.t.Helper()
-	req := &drapb.NodeUnprepareResourcesRequest{}
-	for _, c := range claims {
-		req.Claims = append(req.Claims, &drapb.Claim{Namespace: c.Namespace, Name: c.Name, Uid: string(c.UID)})
-	}
-	resp, err := drapb.NewDRAPluginClient(dial(n.t, endpoint)).NodeUnprepareResources(n.ctx, req)
+	resp, err := n.k.Unprepare(n.ctx, claims...)
 	if err != nil {
 		n.t.Fatal(err)
 	}
-	return resp.Claims
+	return resp
 }
 
 // status is `nvtaskset --status --json` on this node.
@@ -388,19 +342,11 @@ func (n *node) recorded(pid int) []int {
 	return out
 }
 
-// edits is what a container runtime applies for the CDI devices: the
-// CDI library injects them into an OCI spec.
+// edits is what a container runtime applies for the CDI devices.
 func (n *node) edits(ids ...string) *oci.Spec {
 	n.t.Helper()
-	cache, err := cdi.NewCache(cdi.WithSpecDirs(n.nvCDIDir, n.cdiDir), cdi.WithAutoRefresh(false))
+	spec, err := kubeletsim.Edits([]string{n.nvCDIDir, n.cdiDir}, ids...)
 	if err != nil {
-		n.t.Fatal(err)
-	}
-	for path, errs := range cache.GetErrors() {
-		n.t.Fatalf("CDI spec %s is invalid: %v", path, errs)
-	}
-	spec := &oci.Spec{Process: &oci.Process{Env: []string{"PATH=/usr/bin:/bin"}}}
-	if _, err := cache.InjectDevices(spec, ids...); err != nil {
 		n.t.Fatal(err)
 	}
 	return spec

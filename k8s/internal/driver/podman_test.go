@@ -100,7 +100,7 @@ func TestPodmanRunsOnTheShare(t *testing.T) {
 	n := newNodeCDI(t, 64, true)
 	n.start()
 	endpoint := n.register()
-	a := &allocator{t: t, slices: n.slices(), class: deviceClass(t)}
+	a := newAllocator(t, n.slices(), deviceClass(t))
 	c16, c32 := newClaim("a", 16), newClaim("b", 32)
 	if !a.allocate(c16, "pod-a") || !a.allocate(c32, "pod-b") {
 		t.Fatal("not allocated")

@@ -45,8 +45,8 @@ func TestTwoSharesOnOneGPU(t *testing.T) {
 	n := newNode(t, 64)
 	n.start()
 	endpoint := n.register()
-	a := &allocator{t: t, slices: n.slices(), class: deviceClass(t)}
-	if got := a.slices[0].Spec.Devices[0]; got.Name != "gpu-0" || *got.Attributes["uuid"].StringValue != n.gpus[0].UUID ||
+	a := newAllocator(t, n.slices(), deviceClass(t))
+	if got := a.Slices[0].Spec.Devices[0]; got.Name != "gpu-0" || *got.Attributes["uuid"].StringValue != n.gpus[0].UUID ||
 		*got.Attributes["tpcCount"].IntValue != 64 || !*got.AllowMultipleAllocations {
 		t.Fatalf("published device %+v", got)
 	}
@@ -149,8 +149,8 @@ func TestTwoSharesOnOneGPU(t *testing.T) {
 		t.Fatalf("checkpoint after Unprepare: %+v, %v", s, err)
 	}
 	// Released TPCs can be had again: the whole GPU.
-	a.release(c16)
-	a.release(c32)
+	a.Release(c16)
+	a.Release(c32)
 	whole := newClaim("whole", 64)
 	if !a.allocate(whole, "pod-w") {
 		t.Fatal("64 TPCs not allocated after the release")
