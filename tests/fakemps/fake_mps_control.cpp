@@ -312,6 +312,9 @@ int run_daemon(bool foreground, bool multi_user) {
     std::perror("fake nvidia-cuda-mps-control: bind");
     return 1;
   }
+  // Every user's clients reach it: the real daemon leaves `control`
+  // srw-rw-rw- (measured, docs/hardware.md "MPS").
+  ::chmod(addr.sun_path, 0666);
   Bound bound;
   struct stat st {};
   if (::lstat(addr.sun_path, &st) == 0) {
