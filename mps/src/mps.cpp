@@ -427,8 +427,12 @@ std::vector<std::string> root_process_argv(pid_t pid, std::string* why) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
   struct stat st {};
   if (fd.get() < 0) {
-    *why = errno == ENOENT ? fmt::format("the process that listens there (pid {}) is gone", pid)
-                           : fmt::format("{}: {}", path, errno_text(errno));
+    const int err = errno;
+    // /proc mounted with hidepid hides another user's processes that still run.
+    const bool hidden = err == ENOENT && (::kill(pid, 0) == 0 || errno == EPERM);
+    *why = hidden            ? fmt::format("{} cannot be seen (is /proc mounted with hidepid?)", path)
+           : err == ENOENT ? fmt::format("the process that listens there (pid {}) is gone", pid)
+                           : fmt::format("{}: {}", path, errno_text(err));
     return {};
   }
   if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 0222) != 0) {
