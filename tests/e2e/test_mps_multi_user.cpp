@@ -51,6 +51,11 @@ class MpsMultiUser : public E2E {
     const std::string u = path("u");
     fs::create_directories(u);
     ::chmod(u.c_str(), 01777);
+    // Made here, root's and writable by all: every user's tasks append to it.
+    if (!exists(u + "/record")) {
+      touch(u + "/record");
+      ::chmod((u + "/record").c_str(), 0666);
+    }
     env["FAKECUDA_RECORD"] = u + "/record";
     for (const char* var : {"XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_RUNTIME_DIR", "TMPDIR"})
       env[var] = u + "/" + var + "-" + std::to_string(user.first);
