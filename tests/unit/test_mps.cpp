@@ -237,17 +237,23 @@ TEST_F(MpsTest, StaleSocketFileDoesNotStopAStart) {
 // that listens on its socket, so a daemon started with -d alone is refused,
 // never shared, and a listener that is not the control program cannot be
 // told (mps.hpp, running_daemon).
+// The one-line message of the mps::Error that `f` throws; "" when it throws none.
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const mps::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
 TEST_F(MpsTest, MultiUserStartsWithMAndRefusesASingleUserDaemon) {
   mps::Options multi = fake_opts();
   multi.multi_user = true;
   if (::geteuid() != 0) {
-    try {
-      mps::ensure_daemon(multi);
-      FAIL() << "a user started a multi-user daemon";
-    } catch (const mps::Error& e) {
-      EXPECT_NE(std::string(e.what()).find("only root can start one that serves every user"), std::string::npos)
-          << e.what();
-    }
+    const std::string m = error_of([&] { mps::ensure_daemon(multi); });
+    EXPECT_NE(m.find("only root can start one that serves every user"), std::string::npos) << m;
     EXPECT_FALSE(fs::exists(pipe_)) << "nothing is created before the refusal";
     GTEST_SKIP() << "the rest starts a multi-user daemon, which needs root (CI runs as root)";
   }
@@ -269,14 +275,9 @@ TEST_F(MpsTest, MultiUserStartsWithMAndRefusesASingleUserDaemon) {
   ASSERT_TRUE(mps::ensure_daemon(fake_opts()).started);  // -d, as before
   EXPECT_EQ(mps::running_daemon(pipe_).mode, mps::DaemonMode::kSingleUser);
   EXPECT_FALSE(mps::serves_every_user(pipe_));
-  try {
-    mps::ensure_daemon(multi);
-    FAIL() << "a single-user daemon was shared";
-  } catch (const mps::Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find("serves one user at a time: it was started without -M"), std::string::npos) << m;
-    EXPECT_EQ(m.find('\n'), std::string::npos) << m;
-  }
+  const std::string m = error_of([&] { mps::ensure_daemon(multi); });
+  EXPECT_NE(m.find("serves one user at a time: it was started without -M"), std::string::npos) << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
   stop_daemon();
 
   // This test's own listener: root's, but not nvidia-cuda-mps-control, so its
@@ -284,12 +285,8 @@ TEST_F(MpsTest, MultiUserStartsWithMAndRefusesASingleUserDaemon) {
   fs::create_directories(pipe_);
   const int seq = listen_at(pipe_ + "/control", SOCK_SEQPACKET);
   ASSERT_GE(seq, 0);
-  try {
-    mps::running_daemon(pipe_);
-    FAIL() << "a listener that is not the control program was given a mode";
-  } catch (const mps::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not nvidia-cuda-mps-control"), std::string::npos) << e.what();
-  }
+  const std::string why = error_of([&] { mps::running_daemon(pipe_); });
+  EXPECT_NE(why.find("not nvidia-cuda-mps-control"), std::string::npos) << why;
   EXPECT_FALSE(mps::serves_every_user(pipe_));
   EXPECT_THROW(mps::ensure_daemon(multi), mps::Error);
   ::close(seq);
