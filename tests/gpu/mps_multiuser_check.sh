@@ -155,7 +155,6 @@ check "1. no daemon: nvt-a's --mps-multi-user launch fails in one line saying ro
   eval '[[ $rc == 1 ]] && one_line "$out" && [[ $out == *"only root can start one that serves every user"* && -z $(mps_pids) ]]'
 
 # 2. A single-user daemon, as `nvidia-cuda-mps-control -d` leaves one, is never shared.
-mkdir -p "$CUDA_MPS_PIPE_DIRECTORY"
 timeout 30 nvidia-cuda-mps-control -d
 wait_for 10 test -S "$CUDA_MPS_PIPE_DIRECTORY/control" || fail "2. nvidia-cuda-mps-control -d did not start"
 out=$(timeout 60 "$NV" --mps-multi-user -t "$A_TPCS" "$P" --iters 1 2>&1)
@@ -164,7 +163,9 @@ check "2. a single-user daemon (-d) is refused in one line by --mps-multi-user" 
   eval '[[ $rc == 1 ]] && one_line "$out" && [[ $out == *"serves one user at a time: it was started without -M"* ]]'
 check "2. the single-user daemon stops, no MPS process left" "left: $(mps_pids | tr '\n' ' ')" stop_daemon
 
-# 3. Root's nvtaskset starts the multi-user daemon.
+# 3. Root's nvtaskset starts the multi-user daemon, in a pipe directory it
+#    creates itself (0755, root's), as on a fresh node.
+rm -rf "$CUDA_MPS_PIPE_DIRECTORY"
 out=$(timeout 60 "$NV" --mps-multi-user -t "$A_TPCS" "$P" --iters 1 2>&1)
 rc=$?
 check "3. root's nvtaskset --mps-multi-user starts the daemon for every user and runs the probe" "rc=$rc: $out" \
@@ -196,7 +197,7 @@ pair_end() { # stops the pair; sets RA, RB to their exit status
 rows() { sed -n 's/^iter [0-9]* sms [0-9]* tpcs //p' "$1"; }
 sms_seen() { sed -n 's/^iter [0-9]* sms \([0-9]*\) .*/\1/p' "$1"; }
 
-say "two users at once under the multi-user daemon"
+say "two users at once under the multi-user daemon; the pipe directory: $(ls -la "$CUDA_MPS_PIPE_DIRECTORY" | tr '\n' ';')"
 pair --mps-multi-user --partition-sm-count
 if wait_for 90 test -s "$W/ready.a" -a -s "$W/ready.b"; then
   ia=$(iters "$W/a.out") ib=$(iters "$W/b.out")
