@@ -72,9 +72,9 @@ iters() { grep -c '^iter ' "$1" 2>/dev/null; }
 
 {
   echo "date: $(date -u +%FT%TZ)"; uname -a; head -2 /etc/os-release 2>/dev/null
-  nvidia-smi -L 2>&1 | head -4
-  nvidia-smi --query-gpu=name,driver_version,compute_mode --format=csv 2>&1 | head -3
-  nvidia-cuda-mps-control -h 2>&1 | head -20
+  timeout 30 nvidia-smi -L 2>&1 | head -4
+  timeout 30 nvidia-smi --query-gpu=name,driver_version,compute_mode --format=csv 2>&1 | head -3
+  timeout 10 nvidia-cuda-mps-control -h </dev/null 2>&1 | head -20
 } >"$dest/env.txt" 2>&1
 
 mps_pids() { local p; for p in /proc/[0-9]*; do case $(cat "$p/comm" 2>/dev/null) in nvidia-cuda-mps*) echo "${p#/proc/}" ;; esac; done; }
