@@ -26,7 +26,7 @@ _nvtaskset() {
     cur=${COMP_WORDS[COMP_CWORD]}
     prev=${COMP_WORDS[COMP_CWORD-1]}
     local opts="-t --tpc-list -g --gpc-list -n --count --spread --exclusive --latency-critical --best-effort --partition-sm-count --hide-unallocated -p --pid -a --all-tasks -d --device
-                --physical --no-mps --env-for --topology --json --calibrate --topology-file --system-wide --status --verify
+                --physical --no-mps --mps-multi-user --env-for --topology --json --calibrate --topology-file --system-wide --status --verify
                 --seed --show -v --verbose -h --help -V --version"
     case $prev in
         -d|--device) COMPREPLY=($(compgen -W "$(_nvtaskset_devices)" -- "$cur")); return ;;

@@ -6,7 +6,7 @@
 //   srun --gpu-tpcs=16 --gpu-role=latency-critical ./server   # as nvtaskset -n 16 --latency-critical
 //   srun --gpu-role=best-effort ./train                       # as nvtaskset --best-effort
 //
-// plugstack.conf:  required /usr/lib/slurm/spank_nvtaskset.so [no-mps] [nvtaskset=PATH] [shards=N]
+// plugstack.conf:  required /usr/lib/slurm/spank_nvtaskset.so [no-mps | mps-multi-user] [nvtaskset=PATH] [shards=N]
 //
 // How (docs/slurm.md, "How the plugin works"):
 //  - srun's option callbacks check the values, so a bad one fails srun at
@@ -74,6 +74,7 @@ namespace process = nvtaskset::process;
 struct State {
   std::string cli = NVTASKSET_SLURM_CLI;  // nvtaskset=PATH
   bool no_mps = false;                    // no-mps: as nvtaskset --no-mps
+  bool mps_multi_user = false;            // mps-multi-user: as nvtaskset --mps-multi-user
   unsigned shards_total = 0;              // shards=N; else gres.conf's
   unsigned tpcs = 0;                      // --gpu-tpcs
   bool spread = false;                    // --gpu-tpcs-mode=spread
@@ -336,6 +337,7 @@ void plan_step(spank_t sp) {
   std::vector<std::string> argv = {g.cli, "--env-for", std::to_string(::getpid()),
                                    g.role.empty() ? std::string("--exclusive") : "--" + g.role};
   if (g.no_mps) argv.push_back("--no-mps");
+  if (g.mps_multi_user) argv.push_back("--mps-multi-user");
   // The step's GPUs are what CUDA_VISIBLE_DEVICES lets it see: devices 0..k-1
   // to nvtaskset, which runs with the job's environment. A step Slurm gave
   // GPUs (a gpu or shard gres: SLURM_STEP_GPUS) gets a partition on each; a
@@ -385,15 +387,22 @@ int slurm_spank_init(spank_t sp, int ac, char** av) {
     const std::string_view a = av[i];
     if (a == "no-mps") {
       g.no_mps = true;
+    } else if (a == "mps-multi-user") {
+      g.mps_multi_user = true;
     } else if (a.starts_with("nvtaskset=") && a.size() > 10 && a[10] == '/') {
       g.cli = std::string(a.substr(10));
     } else if (a.starts_with("shards=") && parse_count(av[i] + 7)) {
       g.shards_total = *parse_count(av[i] + 7);
     } else {
-      slurm_error("nvtaskset: plugstack.conf: unknown argument '%s' (no-mps, nvtaskset=/ABSOLUTE/PATH, shards=N)",
+      slurm_error("nvtaskset: plugstack.conf: unknown argument '%s' (no-mps, mps-multi-user, nvtaskset=/ABSOLUTE/PATH, "
+                  "shards=N)",
                   printable(a).c_str());
       return -1;
     }
+  }
+  if (g.no_mps && g.mps_multi_user) {
+    slurm_error("nvtaskset: plugstack.conf: no-mps and mps-multi-user exclude each other");
+    return -1;
   }
   if (spank_context() == S_CTX_ALLOCATOR || spank_context() == S_CTX_LOCAL || spank_context() == S_CTX_REMOTE)
     for (struct spank_option* o = g_options; o->name != nullptr; ++o)

@@ -7,7 +7,9 @@
 # lines it prints into the task's environment. The count comes from
 # NVTASKSET_GPU_TPCS (srun --export=ALL,NVTASKSET_GPU_TPCS=16) or from the
 # step's shards (SLURM_SHARDS_ON_NODE of NVTASKSET_SHARDS_TOTAL, default 8);
-# NVTASKSET_SLURM_NO_MPS=1 is --no-mps. Each task claims its own TPCs, for its
+# NVTASKSET_SLURM_NO_MPS=1 is --no-mps, NVTASKSET_SLURM_MPS_MULTI_USER=1 is
+# --mps-multi-user (a daemon root started with -d -M must then be running:
+# the prolog runs as the user). Each task claims its own TPCs, for its
 # own PID (SLURM_TASK_PID): free again when the task ends.
 NV=${NVTASKSET:-nvtaskset}
 n=${NVTASKSET_GPU_TPCS:-}
@@ -27,5 +29,6 @@ if [ -z "$n" ]; then
 fi
 set -- --env-for "$SLURM_TASK_PID" -n "$n" --exclusive
 [ "${NVTASKSET_SLURM_NO_MPS:-0}" = 1 ] && set -- "$@" --no-mps
+[ "${NVTASKSET_SLURM_MPS_MULTI_USER:-0}" = 1 ] && set -- "$@" --mps-multi-user
 out=$("$NV" "$@" 2>&1) || fail "$(printf '%s\n' "$out" | tail -n 1)"
 printf '%s\n' "$out" | sed -n 's/^\([A-Za-z_][A-Za-z0-9_]*=.*\)$/export \1/p'

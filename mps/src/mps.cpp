@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -282,16 +283,18 @@ struct Child {
   Fd output;  // memfd with its stdout/stderr (may be -1)
 };
 
-// `<binary> -d`, a daemon-to-be: stdin /dev/null, stdout and stderr captured,
+// `<binary> -d` (`-d -M` for every user), a daemon-to-be: stdin /dev/null, stdout and stderr captured,
 // no descriptor of ours and none of our signal state (process::spawn).
-Child spawn_daemon(const Binary& bin, const std::string& pipe_dir, const std::string& log_dir) {
+Child spawn_daemon(const Binary& bin, const std::string& pipe_dir, const std::string& log_dir, bool multi_user) {
   // Environment: ours, with the pipe and log directories forced, so the
   // daemon and every MPS server it starts use the directories we checked.
   std::vector<std::string> env =
       process::without_variables(process::current_environment(), {"CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY"});
   env.push_back("CUDA_MPS_PIPE_DIRECTORY=" + pipe_dir);
   env.push_back("CUDA_MPS_LOG_DIRECTORY=" + log_dir);
-  const process::ExecArgs args({bin.exec_path, "-d"}, std::move(env));
+  std::vector<std::string> argv{bin.exec_path, "-d"};
+  if (multi_user) argv.emplace_back("-M");
+  const process::ExecArgs args(std::move(argv), std::move(env));
 
   // Capture stdout/stderr in memory, not a pipe: the daemonized grandchild
   // may keep them open for its whole life, and a pipe would then never reach
@@ -413,6 +416,145 @@ bool daemon_running(const std::string& pipe_dir) {
   return true;
 }
 
+namespace {
+// The command line of a process that runs as root, from /proc/<pid>/cmdline,
+// judged as trusted_file.hpp judges a file: not followed if a link, a
+// regular file, owned by root (a process's /proc files belong to the user it
+// runs as) and writable by nobody. 4 KiB holds the control program's few
+// flags; a longer line is not that program's. "" in *why, or why not.
+std::vector<std::string> root_process_argv(pid_t pid, std::string* why) {
+  const std::string path = fmt::format("/proc/{}/cmdline", pid);
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
+  struct stat st {};
+  if (fd.get() < 0) {
+    const int err = errno;
+    // /proc mounted with hidepid hides another user's processes that still run.
+    const bool hidden = err == ENOENT && (::kill(pid, 0) == 0 || errno == EPERM);
+    *why = hidden            ? fmt::format("{} cannot be seen (is /proc mounted with hidepid?)", path)
+           : err == ENOENT ? fmt::format("the process that listens there (pid {}) is gone", pid)
+                           : fmt::format("{}: {}", path, errno_text(err));
+    return {};
+  }
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 || (st.st_mode & 0222) != 0) {
+    *why = fmt::format("{} is not a read-only file of root's", path);
+    return {};
+  }
+  constexpr std::size_t kMaxCmdline = 4096;
+  std::string text(kMaxCmdline + 1, '\0');
+  std::size_t got = 0;
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), text.data() + got, text.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      *why = fmt::format("{}: {}", path, errno_text(errno));
+      return {};
+    }
+    if (n == 0 || (got += static_cast<std::size_t>(n)) == text.size()) break;
+  }
+  if (got > kMaxCmdline) {
+    *why = fmt::format("{} is longer than {} bytes", path, kMaxCmdline);
+    return {};
+  }
+  text.resize(got);
+  std::vector<std::string> argv;
+  for (std::size_t pos = 0; pos < text.size();) {
+    const std::size_t end = std::min(text.find('\0', pos), text.size());
+    argv.push_back(text.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  why->clear();
+  return argv;
+}
+
+// -M or --multiuser-server among the flags: alone, or among other one-letter
+// flags (-dM).
+bool has_multi_user_flag(const std::vector<std::string>& argv) {
+  for (std::size_t i = 1; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a == "--multiuser-server") return true;
+    const bool letters = a.size() >= 2 && a[0] == '-' && a[1] != '-' &&
+                         std::all_of(a.begin() + 1, a.end(), [](char c) { return std::isalpha(static_cast<unsigned char>(c)); });
+    if (letters && a.find('M') != std::string::npos) return true;
+  }
+  return false;
+}
+
+// What a name from another process's memory may show in a one-line message.
+std::string printable_name(std::string_view s) {
+  std::string out(s.substr(0, 80));
+  for (char& c : out)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  return out;
+}
+
+std::string base_name(const std::string& path) {
+  const auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+}  // namespace
+
+Daemon running_daemon(const std::string& pipe_dir) {
+  const std::string sock = control_socket_path(pipe_dir);
+  auto cannot = [&](const std::string& why) {
+    return Error(fmt::format("cannot tell whether the MPS control daemon at {} serves every user: {}", sock, why));
+  };
+  sockaddr_un addr{};
+  if (!fill_sockaddr(sock, &addr)) throw cannot("the path is too long for a unix socket");
+  Fd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (s.get() < 0) throw cannot(errno_text(errno));
+  // Bounded: connect() to a listener whose backlog is full waits this long.
+  const timeval limit{0, 500'000};
+  ::setsockopt(s.get(), SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof limit);
+  int rc;
+  do {
+    rc = ::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0) throw cannot(errno_text(errno));
+  ucred cred{};
+  socklen_t len = sizeof cred;
+  if (::getsockopt(s.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) throw cannot(errno_text(errno));
+  s.reset();
+  Daemon d{cred.pid, cred.uid, DaemonMode::kSingleUser};
+  // Only root can start servers for other users: a user's own daemon serves
+  // that user alone, whatever its flags.
+  if (cred.uid != 0) return d;
+  std::string why;
+  const std::vector<std::string> argv = root_process_argv(cred.pid, &why);
+  if (!why.empty()) throw cannot(why);
+  // The flags are read as that program's own.
+  if (argv.empty() || base_name(argv[0]) != kDefaultControlBinary)
+    throw cannot(fmt::format("the process that listens there (pid {}) is {}, not {}", cred.pid,
+                             argv.empty() ? std::string("unnamed") : printable_name(argv[0]), kDefaultControlBinary));
+  if (has_multi_user_flag(argv)) d.mode = DaemonMode::kMultiUser;
+  spdlog::debug("mps: the daemon at {} is pid {}, {}", sock, d.pid,
+                d.mode == DaemonMode::kMultiUser ? "multi-user" : "single-user");
+  return d;
+}
+
+bool serves_every_user(const std::string& pipe_dir) {
+  try {
+    return running_daemon(pipe_dir).mode == DaemonMode::kMultiUser;
+  } catch (const Error& e) {
+    spdlog::debug("mps: {}", e.what());
+    return false;
+  }
+}
+
+namespace {
+// With Options::multi_user: the daemon at pipe_dir must serve every user,
+// never one user at a time (whose clients of other users would wait, or,
+// worse, share a server nvtaskset did not ask for).
+void require_multi_user(const std::string& pipe_dir) {
+  const Daemon d = running_daemon(pipe_dir);
+  if (d.mode == DaemonMode::kMultiUser) return;
+  const std::string who = d.uid == 0 ? std::string("was started without -M") : fmt::format("runs as uid {}, not root", d.uid);
+  throw Error(fmt::format(
+      "the MPS control daemon at {} (pid {}) serves one user at a time: it {}; --mps-multi-user needs one root started "
+      "with -d -M: stop this one (echo quit | {}) once its clients are done, or leave out --mps-multi-user",
+      pipe_dir, d.pid, who, kDefaultControlBinary));
+}
+}  // namespace
+
 EnsureResult ensure_daemon(const Options& opts) {
   EnsureResult r;
   r.pipe_dir = pipe_directory();
@@ -425,7 +567,17 @@ EnsureResult ensure_daemon(const Options& opts) {
   // Neither used nor started in a directory another user controls.
   if (struct stat st {}; ::lstat(r.pipe_dir.c_str(), &st) == 0)
     if (std::string why = pipe_dir_problem(r.pipe_dir); !why.empty()) refuse_pipe_dir(why);
-  if (daemon_running(r.pipe_dir)) return r;
+  if (daemon_running(r.pipe_dir)) {
+    if (opts.multi_user) require_multi_user(r.pipe_dir);
+    r.multi_user = opts.multi_user;
+    return r;
+  }
+  // Checked before anything is created: a user's daemon could serve no one else.
+  if (opts.multi_user && ::geteuid() != 0)
+    throw Error(fmt::format(
+        "no MPS control daemon runs at {}, and only root can start one that serves every user ({} -d -M): "
+        "ask the administrator (or the Slurm or Kubernetes plugin, as root) to start it, or leave out --mps-multi-user",
+        r.pipe_dir, kDefaultControlBinary));
 
   const Binary bin = resolve_binary(opts);
   r.log_dir = log_directory();
@@ -437,9 +589,10 @@ EnsureResult ensure_daemon(const Options& opts) {
 
   const auto t0 = Clock::now();
   auto deadline = t0 + opts.start_timeout;
-  spdlog::debug("mps: starting `{} -d` (pipe directory {}, log directory {}, timeout {} ms)",
-                bin.exec_path, r.pipe_dir, r.log_dir, opts.start_timeout.count());
-  Child child = spawn_daemon(bin, r.pipe_dir, r.log_dir);
+  const char* flags = opts.multi_user ? "-d -M" : "-d";
+  spdlog::debug("mps: starting `{} {}` (pipe directory {}, log directory {}, timeout {} ms)", bin.exec_path, flags,
+                r.pipe_dir, r.log_dir, opts.start_timeout.count());
+  Child child = spawn_daemon(bin, r.pipe_dir, r.log_dir, opts.multi_user);
   bool reaped = false;
   bool answered = false;
   auto elapsed_ms = [&] {
@@ -455,19 +608,21 @@ EnsureResult ensure_daemon(const Options& opts) {
       pid_t w = ::waitpid(child.pid, &st, WNOHANG);
       if (w == child.pid) {
         reaped = true;
-        spdlog::debug("mps: `{} -d` {} after {} ms", bin.exec_path, process::describe_status(st),
+        spdlog::debug("mps: `{} {}` {} after {} ms", bin.exec_path, flags, process::describe_status(st),
                       elapsed_ms());
         if (!(WIFEXITED(st) && WEXITSTATUS(st) == 0) && !answered) {
           // Two CLIs racing to start the daemon: the loser's control program
           // refuses to start a second instance; the winner's daemon serves both.
           if (daemon_running(r.pipe_dir)) {
             spdlog::debug("mps: another process started the daemon meanwhile");
+            if (opts.multi_user) require_multi_user(r.pipe_dir);
+            r.multi_user = opts.multi_user;
             return r;
           }
           std::string out = first_output_line(child.output.get());
           throw Error(fmt::format(
-              "cannot start the MPS control daemon: `{} -d` {} (log directory {}){}{}",
-              bin.exec_path, process::describe_status(st), r.log_dir, out.empty() ? "" : ": ", out));
+              "cannot start the MPS control daemon: `{} {}` {} (log directory {}){}{}",
+              bin.exec_path, flags, process::describe_status(st), r.log_dir, out.empty() ? "" : ": ", out));
         }
       } else if (w < 0 && errno == ECHILD) {
         // Someone else reaped it (SIGCHLD ignored by the caller): the status
@@ -494,8 +649,9 @@ EnsureResult ensure_daemon(const Options& opts) {
   if (answered) {
     // A control program that answers but stays in the foreground is left
     // running; it is not an error.
-    if (!reaped) spdlog::debug("mps: `{} -d` is still running; leaving it", bin.exec_path);
+    if (!reaped) spdlog::debug("mps: `{} {}` is still running; leaving it", bin.exec_path, flags);
     r.started = true;
+    r.multi_user = opts.multi_user;
     r.control_binary = bin.display;
     return r;
   }
@@ -503,9 +659,9 @@ EnsureResult ensure_daemon(const Options& opts) {
   if (!reaped) process::kill_and_reap(child.pid);
   std::string out = first_output_line(child.output.get());
   throw Error(fmt::format(
-      "cannot start the MPS control daemon: `{} -d` did not answer on {} within {} ms (log "
+      "cannot start the MPS control daemon: `{} {}` did not answer on {} within {} ms (log "
       "directory {}){}{}",
-      bin.exec_path, sock, opts.start_timeout.count(), r.log_dir, out.empty() ? "" : ": ", out));
+      bin.exec_path, flags, sock, opts.start_timeout.count(), r.log_dir, out.empty() ? "" : ": ", out));
 }
 
 namespace {
@@ -744,9 +900,9 @@ std::string started_message(const EnsureResult& r) {
   if (r.pipe_dir != kDefaultPipeDirectory)
     prefix = "CUDA_MPS_PIPE_DIRECTORY=" + shell_quote(r.pipe_dir) + " ";
   return fmt::format(
-      "nvtaskset: started the MPS control daemon (pipe directory {}); stop it with: echo quit | "
+      "nvtaskset: started the MPS control daemon{} (pipe directory {}); stop it with: echo quit | "
       "{}{}",
-      r.pipe_dir, prefix, shell_quote(bin));
+      r.multi_user ? " for every user (-M)" : "", r.pipe_dir, prefix, shell_quote(bin));
 }
 
 }  // namespace nvtaskset::mps

@@ -270,6 +270,10 @@ int run(int argc, char** argv) {
                     ->type_name("DEV");
   app.add_flag("-p,--pid", o.pid_mode, "query or change the TPCs of the running process PID");
   app.add_flag("--no-mps", o.no_mps, "do not start or require the MPS control daemon");
+  app.add_flag("--mps-multi-user", o.mps_multi_user,
+               "the MPS control daemon must serve every user at once (nvidia-cuda-mps-control -d -M): start it so "
+               "if none runs (root only), refuse one that serves one user at a time; every user's clients are then "
+               "root's clients to MPS (docs/security.md)");
   std::optional<pid_t> env_for;
   app.add_option("--env-for", env_for,
                  "instead of running a command: plan and claim the TPCs for the running process PID, whose children "
@@ -363,6 +367,10 @@ int run(int argc, char** argv) {
     o.env_for = env_for;
     if (o.env_for && (o.pid_mode || o.status || o.verify || o.show_topology || o.calibrate || !o.system_wide.empty()))
       throw Failure("--env-for goes with a launch's list, in place of its command");
+    if (o.no_mps && o.mps_multi_user) throw Failure("--no-mps and --mps-multi-user exclude each other");
+    if (o.mps_multi_user && (o.pid_mode || o.status || o.verify || o.show_topology || o.calibrate ||
+                             !o.system_wide.empty()))
+      throw Failure("--mps-multi-user goes with a launch or --env-for: it chooses the MPS daemon a task starts under");
     if (o.partition_sm_count && (o.pid_mode || o.status || o.verify || o.show_topology || o.calibrate ||
                                  !o.system_wide.empty()))
       throw Failure("--partition-sm-count goes with a launch: a running task has already read its SM count");

@@ -36,6 +36,7 @@ struct Options {
   std::vector<std::string> positionals;
   bool pid_mode = false;
   bool no_mps = false;
+  bool mps_multi_user = false;  // --mps-multi-user: MPS's daemon serves every user at once (mps.hpp)
   bool show_topology = false;
   bool json = false;
   std::string show;  // -p query: list, mask, gpcs or physical ("" = the form it was set in)

@@ -108,6 +108,11 @@ void check_mps_user(mps::OtherUsersCheck& check) {
   const bool fail = policy.value == MpsOtherUser::kFail;
   for (const mps::Server& sv : check.servers()) {
     if (sv.clients == 0) continue;
+    // A daemon that serves every user (-M), found running without
+    // --mps-multi-user, makes nobody wait: its one server is root's. Asked
+    // only here, so a launch beside a single-user daemon is unchanged; a mode
+    // that cannot be told keeps the line.
+    if (mps::serves_every_user(mps::pipe_directory())) return;
     const std::string who = "the MPS server (pid " + std::to_string(sv.pid) + ") serves user " + user_name(sv.uid) +
                             " with " + std::to_string(sv.clients) + " client" + (sv.clients == 1 ? "" : "s");
     if (fail)
@@ -226,10 +231,10 @@ int launch(const Options& o, const Requests& rq, const std::vector<std::string>&
   // of its 0.7 ms on an H100 and an H200; docs/results.md, Fig. 11a).
   // The environment it inherits is the daemon's: without the shim, and
   // before the driver query changes CUDA_MPS_PIPE_DIRECTORY.
-  std::optional<mps::OtherUsersCheck> users_check;
+  std::optional<mps::OtherUsersCheck> users_check;  // not needed where the daemon serves every user
   if (!o.no_mps) {
     scrub_shim_environment(shim_dir);
-    users_check.emplace();
+    if (!o.mps_multi_user) users_check.emplace();
   }
   Devices devices(shim_copies(shim_dir), o.topology_file);
   if (requests.size() > ctl::kMaxDevices)
@@ -252,10 +257,12 @@ int launch(const Options& o, const Requests& rq, const std::vector<std::string>&
   std::vector<Choice> chosen = plan();
   planner::check_roles(o.role, chosen, sh, devices);
   devices.restore_environment();
-  if (users_check) {
-    const mps::EnsureResult r = mps::ensure_daemon();
+  if (!o.no_mps) {
+    mps::Options mo;
+    mo.multi_user = o.mps_multi_user;
+    const mps::EnsureResult r = mps::ensure_daemon(mo);
     if (r.started) std::fprintf(stderr, "%s\n", mps::started_message(r).c_str());
-    check_mps_user(*users_check);
+    if (users_check) check_mps_user(*users_check);
   }
 
   // 3. Claim: the public entry, before exec (which keeps the PID and start

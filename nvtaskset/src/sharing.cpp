@@ -364,10 +364,13 @@ int print_status(Devices& devices, bool json) {
     jt.push_back(j);
   }
   // Which user each MPS server serves: another user's clients wait for it.
+  // A multi-user daemon's (-M) one server is root's and serves everyone's clients at once.
   const std::vector<mps::Server> servers = mps::servers();
+  const bool every_user = !servers.empty() && mps::serves_every_user(mps::pipe_directory());
   nlohmann::json js = nlohmann::json::array();
   for (const mps::Server& sv : servers)
-    js.push_back({{"pid", sv.pid}, {"uid", sv.uid}, {"user", user_name(sv.uid)}, {"clients", sv.clients}});
+    js.push_back({{"pid", sv.pid}, {"uid", sv.uid}, {"user", user_name(sv.uid)}, {"clients", sv.clients},
+                  {"every_user", every_user}});
   if (json) {
     std::printf("%s\n", nlohmann::json({{"tasks", jt}, {"mps_servers", js}})
                                .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
@@ -387,8 +390,12 @@ int print_status(Devices& devices, bool json) {
   }
   for (const auto& n : notes) std::printf("note: %s\n", n.c_str());
   for (const mps::Server& sv : servers)
-    std::printf("mps: server pid %d serves user %s, %u client%s (another user's clients wait until they exit)\n",
-                sv.pid, user_name(sv.uid).c_str(), sv.clients, sv.clients == 1 ? "" : "s");
+    if (every_user)
+      std::printf("mps: server pid %d serves every user (a multi-user daemon), %u client%s\n", sv.pid, sv.clients,
+                  sv.clients == 1 ? "" : "s");
+    else
+      std::printf("mps: server pid %d serves user %s, %u client%s (another user's clients wait until they exit)\n",
+                  sv.pid, user_name(sv.uid).c_str(), sv.clients, sv.clients == 1 ? "" : "s");
   return 0;
 }
 

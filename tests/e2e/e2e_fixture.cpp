@@ -336,9 +336,8 @@ void TopologyFile::SetUp() {
   std::ofstream(file_) << hopper_topology_json();
 }
 
-std::optional<std::pair<uid_t, gid_t>> second_user() {
+std::optional<std::pair<uid_t, gid_t>> second_user(const char* name) {
   if (::getuid() != 0) return std::nullopt;
-  const char* name = "nvtaskset-e2e";
   if (::getpwnam(name) == nullptr) {
     const std::string cmd = std::string("useradd --system --no-create-home --shell /usr/sbin/nologin ") + name +
                             " >/dev/null 2>&1";

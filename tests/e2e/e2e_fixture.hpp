@@ -207,7 +207,8 @@ class TopologyFile : public E2E {
 
 // A second Unix user, for the tests of what another user can do. CI runs as
 // root and can create one; elsewhere these tests say why they cannot run.
-std::optional<std::pair<uid_t, gid_t>> second_user();
+// Another name gives another user (two users who are not root).
+std::optional<std::pair<uid_t, gid_t>> second_user(const char* name = "nvtaskset-e2e");
 
 // argv run as `user` (setpriv from util-linux).
 std::vector<std::string> as_user(std::pair<uid_t, gid_t> user, std::vector<std::string> argv);

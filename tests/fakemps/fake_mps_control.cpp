@@ -6,6 +6,18 @@
 //                                once the child listens on a SOCK_SEQPACKET
 //                                unix socket at $CUDA_MPS_PIPE_DIRECTORY/control
 //   nvidia-cuda-mps-control -f   the same daemon, in the foreground
+//   ... -d -M (--multiuser-server)  the daemon in multi-user server mode:
+//                                as far as a client can tell, only its command
+//                                line differs (/proc/<pid>/cmdline keeps -M,
+//                                which is how nvtaskset tells the mode); the
+//                                control log says so. NVIDIA's MPS guide
+//                                (docs.nvidia.com/deploy/mps, multi-user
+//                                server mode, Volta and later): started by
+//                                root, one server serves the clients of every
+//                                user as root's clients, so none waits for
+//                                another user's; clients here never connect
+//                                (the stand-in driver knows no MPS), so
+//                                nothing else changes
 //   nvidia-cuda-mps-control      client: sends each stdin line to the daemon
 //                                and prints the replies (`echo quit | ...`)
 //
@@ -251,7 +263,7 @@ std::vector<std::pair<long, long>> fake_servers() {
   return out;
 }
 
-int run_daemon(bool foreground) {
+int run_daemon(bool foreground, bool multi_user) {
   if (env_is("FAKE_MPS_FAIL", "1")) {
     std::fprintf(stderr, "fake nvidia-cuda-mps-control: failing on purpose (FAKE_MPS_FAIL=1)\n");
     return 3;
@@ -300,6 +312,9 @@ int run_daemon(bool foreground) {
     std::perror("fake nvidia-cuda-mps-control: bind");
     return 1;
   }
+  // Every user's clients reach it: the real daemon leaves `control`
+  // srw-rw-rw- (measured, docs/hardware.md "MPS").
+  ::chmod(addr.sun_path, 0666);
   Bound bound;
   struct stat st {};
   if (::lstat(addr.sun_path, &st) == 0) {
@@ -311,7 +326,7 @@ int run_daemon(bool foreground) {
     std::fclose(f);
   }
   log.line("started, pid " + std::to_string(::getpid()) + ", pipe directory " + pipe_dir() +
-           ", log directory " + log_dir());
+           ", log directory " + log_dir() + (multi_user ? ", multi-user server mode" : ""));
 
   if (!foreground) {
     // Detach from the starter's stdio: it may be a pipe someone reads to EOF.
@@ -375,10 +390,16 @@ int run_client() {
 
 int main(int argc, char** argv) {
   report_fds();
-  std::string mode = argc > 1 ? argv[1] : "";
-  if (mode == "-d") return run_daemon(false);
-  if (mode == "-f") return run_daemon(true);
-  if (mode.empty()) return run_client();
-  std::fprintf(stderr, "usage: %s [-d | -f]\n", argv[0]);
+  bool daemon = false, foreground = false, multi_user = false, bad = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "-d") daemon = true;
+    else if (a == "-f") foreground = true;
+    else if (a == "-M" || a == "--multiuser-server") multi_user = true;
+    else bad = true;
+  }
+  if (!bad && !daemon && !foreground && !multi_user) return run_client();
+  if (!bad && daemon != foreground) return run_daemon(foreground, multi_user);
+  std::fprintf(stderr, "usage: %s [-d | -f] [-M]\n", argv[0]);
   return 2;
 }

@@ -8,7 +8,8 @@
 # each step's kernels ran with (the stand-in's record), that concurrent
 # steps (also of another Unix user) are disjoint, that TPCs are free again
 # after a step exits and after scancel, the bad inputs, a step on two GPUs
-# (a partition on each), MPS and a refused gres/mps, the TaskProlog
+# (a partition on each), MPS and a refused gres/mps, MPS's multi-user
+# server (mps-multi-user: two users' steps at once), the TaskProlog
 # fallback, and that a step that
 # asks for nothing is left untouched. Needs root (slurmd) and Debian 12's
 # slurmctld slurmd slurm-client munge.
@@ -271,6 +272,54 @@ rc=$?
 mps_pid=$(cat "$T/mps-pipe/nvidia-cuda-mps-control.pid" 2>/dev/null)
 env "${mps_env[@]}" "$T/bin/nvidia-cuda-mps-control" <<<quit >/dev/null 2>&1
 [[ -z $mps_pid ]] || wait_for 5 sh -c "! kill -0 $mps_pid 2>/dev/null" || { kill -9 "$mps_pid" 2>/dev/null; fail "the stand-in MPS daemon did not quit"; }
+
+# 10b. mps-multi-user in plugstack.conf: the plugin's nvtaskset starts the
+#     control daemon with -d -M (the stand-in keeps -M on its command line),
+#     and a step of user nobody runs to its end while root's step runs, on
+#     TPCs disjoint from it. With a single-user daemon running, such a step
+#     is refused in one line; no-mps and mps-multi-user together fail srun.
+echo "required $PLUGIN mps-multi-user nvtaskset=$NV" >"$NVTS_SLURM_PLUGSTACK"
+env "${mps_env[@]}" srun --gpu-tpcs=16 "$L" --until-file "$T/stopMU" --ready-file "$T/readyMU" --interval-ms 50 \
+  >"$T/oMU" 2>"$T/eMU" </dev/null &
+sMU=$!
+if wait_for 30 test -s "$T/readyMU"; then
+  pMU=$(cat "$T/readyMU")
+  mps_pid=$(cat "$T/mps-pipe/nvidia-cuda-mps-control.pid" 2>/dev/null)
+  cmd=$(tr '\0' ' ' <"/proc/${mps_pid:-0}/cmdline" 2>/dev/null)
+  [[ " $cmd" == *" -d -M "* ]] && pass "mps-multi-user: the step's nvtaskset started the control daemon as: $cmd" ||
+    fail "mps-multi-user: the daemon (pid '${mps_pid}') runs as '$cmd': $(cat "$T/eMU")"
+  runuser -u nobody -- env PATH="$PATH" SLURM_CONF="$SLURM_CONF" NVTASKSET_REAL_LIBCUDA="$NVTASKSET_REAL_LIBCUDA" \
+    FAKECUDA_SM_COUNT="$FAKECUDA_SM_COUNT" FAKECUDA_RECORD="$FAKECUDA_RECORD" NVTASKSET_STATUS_DIR="$NVTASKSET_STATUS_DIR" \
+    "${mps_env[@]}" srun --gres=shard:2 "$L" >"$T/oMV" 2>"$T/eMV" </dev/null
+  rc=$?
+  pMV=$(launched_pid "$T/oMV")
+  a=$(enabled_of "$pMU") b=$(enabled_of "$pMV")
+  [[ $rc == 0 ]] && kill -0 "$sMU" 2>/dev/null && disjoint "$a" "$b" &&
+    pass "mps-multi-user: a step of user nobody ran to its end while root's step ran, on disjoint TPCs ($b vs $a)" ||
+    fail "mps-multi-user, two users' steps: rc=$rc, root's step running: $(kill -0 "$sMU" 2>/dev/null && echo yes || echo no), A on '$a', B on '$b': $(cat "$T/eMV")"
+  touch "$T/stopMU"
+  wait "$sMU" || fail "mps-multi-user: root's step failed: $(cat "$T/eMU")"
+else
+  fail "mps-multi-user: the first step did not start: $(cat "$T/oMU" "$T/eMU")"
+fi
+env "${mps_env[@]}" "$T/bin/nvidia-cuda-mps-control" <<<quit >/dev/null 2>&1
+[[ -z $mps_pid ]] || wait_for 5 sh -c "! kill -0 $mps_pid 2>/dev/null" || { kill -9 "$mps_pid" 2>/dev/null; fail "the stand-in multi-user daemon did not quit"; }
+# A single-user daemon (as `nvidia-cuda-mps-control -d` leaves one) is never shared.
+env "${mps_env[@]}" "$T/bin/nvidia-cuda-mps-control" -d >/dev/null 2>&1
+mps_pid=$(cat "$T/mps-pipe/nvidia-cuda-mps-control.pid" 2>/dev/null)
+env "${mps_env[@]}" srun --gpu-tpcs=8 "$L" >"$T/oMW" 2>"$T/eMW" </dev/null
+rc=$?
+[[ $rc != 0 && -z $(launched_pid "$T/oMW") ]] && grep -q "serves one user at a time" "$T/eMW" &&
+  pass "mps-multi-user next to a single-user daemon: the step fails (exit $rc): $(grep -m1 'serves one user' "$T/eMW")" ||
+  fail "mps-multi-user next to a single-user daemon: rc=$rc: $(cat "$T/oMW" "$T/eMW")"
+env "${mps_env[@]}" "$T/bin/nvidia-cuda-mps-control" <<<quit >/dev/null 2>&1
+[[ -z $mps_pid ]] || wait_for 5 sh -c "! kill -0 $mps_pid 2>/dev/null" || { kill -9 "$mps_pid" 2>/dev/null; fail "the stand-in single-user daemon did not quit"; }
+echo "required $PLUGIN no-mps mps-multi-user nvtaskset=$NV" >"$NVTS_SLURM_PLUGSTACK"
+srun --gpu-tpcs=8 "$L" >"$T/oMX" 2>"$T/eMX" </dev/null
+rc=$?
+[[ $rc != 0 && -z $(launched_pid "$T/oMX") ]] && grep -q "no-mps and mps-multi-user exclude each other" "$T/eMX" &&
+  pass "plugstack.conf with no-mps and mps-multi-user: srun fails (exit $rc) and says why" ||
+  fail "plugstack.conf with no-mps and mps-multi-user: rc=$rc: $(cat "$T/oMX" "$T/eMX")"
 echo "required $PLUGIN no-mps nvtaskset=$NV" >"$NVTS_SLURM_PLUGSTACK"
 
 # 11. The TaskProlog fallback (slurm/task_prolog.sh), without the plugin:
@@ -295,6 +344,25 @@ if scontrol reconfigure && wait_for 10 sh -c 'scontrol show config | grep -q "^T
   [[ $rc != 0 && -z $(launched_pid "$T/o11") ]] && grep -q -- "-n $((TPCS + 1))" "$T/o11" "$T/e11" &&
     pass "TaskProlog: NVTASKSET_GPU_TPCS=$((TPCS + 1)) fails the task (srun exit $rc), the program never runs" ||
     fail "TaskProlog with a bad count: rc=$rc: $(cat "$T/o11" "$T/e11")"
+  # NVTASKSET_SLURM_MPS_MULTI_USER=1 is --mps-multi-user: the prolog (root's
+  # here, as the step is) starts the daemon with -d -M; with
+  # NVTASKSET_SLURM_NO_MPS=1 too, the task fails with the CLI's one line.
+  NVTASKSET_SLURM_MPS_MULTI_USER=1 NVTASKSET_GPU_TPCS=8 srun "$L" >"$T/o12" 2>"$T/e12" </dev/null
+  rc=$?
+  [[ $rc != 0 && -z $(launched_pid "$T/o12") ]] && grep -q -- "--no-mps and --mps-multi-user exclude each other" "$T/o12" "$T/e12" &&
+    pass "TaskProlog: NVTASKSET_SLURM_NO_MPS=1 with NVTASKSET_SLURM_MPS_MULTI_USER=1 fails the task (srun exit $rc)" ||
+    fail "TaskProlog with both MPS switches: rc=$rc: $(cat "$T/o12" "$T/e12")"
+  env "${mps_env[@]}" NVTASKSET_SLURM_NO_MPS=0 NVTASKSET_SLURM_MPS_MULTI_USER=1 NVTASKSET_GPU_TPCS=8 srun "$L" \
+    >"$T/o13" 2>"$T/e13" </dev/null
+  rc=$?
+  n=$(count_of "$(launched_pid "$T/o13")")
+  mps_pid=$(cat "$T/mps-pipe/nvidia-cuda-mps-control.pid" 2>/dev/null)
+  cmd=$(tr '\0' ' ' <"/proc/${mps_pid:-0}/cmdline" 2>/dev/null)
+  [[ $rc == 0 && $n == 8 && " $cmd" == *" -d -M "* ]] &&
+    pass "TaskProlog: NVTASKSET_SLURM_MPS_MULTI_USER=1 starts the daemon with -d -M, the task runs on 8 TPCs" ||
+    fail "TaskProlog with NVTASKSET_SLURM_MPS_MULTI_USER=1: rc=$rc, $n TPCs, daemon '$cmd': $(cat "$T/e13")"
+  env "${mps_env[@]}" "$T/bin/nvidia-cuda-mps-control" <<<quit >/dev/null 2>&1
+  [[ -z $mps_pid ]] || wait_for 5 sh -c "! kill -0 $mps_pid 2>/dev/null" || kill -9 "$mps_pid" 2>/dev/null
 else
   fail "slurmctld did not take the TaskProlog: $(scontrol show config | grep -i taskprolog)"
 fi

@@ -232,6 +232,66 @@ TEST_F(MpsTest, StaleSocketFileDoesNotStopAStart) {
   EXPECT_TRUE(mps::daemon_running(pipe_));
 }
 
+// Options::multi_user (--mps-multi-user): the daemon is started with -d -M,
+// and a running one's mode is read from the command line of the process
+// that listens on its socket, so a daemon started with -d alone is refused,
+// never shared, and a listener that is not the control program cannot be
+// told (mps.hpp, running_daemon).
+// The one-line message of the mps::Error that `f` throws; "" when it throws none.
+template <class F>
+std::string error_of(F f) {
+  try {
+    f();
+  } catch (const mps::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST_F(MpsTest, MultiUserStartsWithMAndRefusesASingleUserDaemon) {
+  mps::Options multi = fake_opts();
+  multi.multi_user = true;
+  if (::geteuid() != 0) {
+    const std::string m = error_of([&] { mps::ensure_daemon(multi); });
+    EXPECT_NE(m.find("only root can start one that serves every user"), std::string::npos) << m;
+    EXPECT_FALSE(fs::exists(pipe_)) << "nothing is created before the refusal";
+    GTEST_SKIP() << "the rest starts a multi-user daemon, which needs root (CI runs as root)";
+  }
+  const mps::EnsureResult r = mps::ensure_daemon(multi);
+  EXPECT_TRUE(r.started);
+  EXPECT_TRUE(r.multi_user);
+  EXPECT_NE(mps::started_message(r).find("started the MPS control daemon for every user (-M)"), std::string::npos)
+      << mps::started_message(r);
+  const mps::Daemon d = mps::running_daemon(pipe_);
+  EXPECT_EQ(d.mode, mps::DaemonMode::kMultiUser);
+  EXPECT_EQ(d.uid, 0u);
+  EXPECT_EQ(d.pid, std::atoi(read_file(fs::path(pipe_) / "nvidia-cuda-mps-control.pid").c_str()));
+  EXPECT_TRUE(mps::serves_every_user(pipe_));
+  const mps::EnsureResult again = mps::ensure_daemon(multi);
+  EXPECT_FALSE(again.started);
+  EXPECT_TRUE(again.multi_user);
+  stop_daemon();
+
+  ASSERT_TRUE(mps::ensure_daemon(fake_opts()).started);  // -d, as before
+  EXPECT_EQ(mps::running_daemon(pipe_).mode, mps::DaemonMode::kSingleUser);
+  EXPECT_FALSE(mps::serves_every_user(pipe_));
+  const std::string m = error_of([&] { mps::ensure_daemon(multi); });
+  EXPECT_NE(m.find("serves one user at a time: it was started without -M"), std::string::npos) << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos) << m;
+  stop_daemon();
+
+  // This test's own listener: root's, but not nvidia-cuda-mps-control, so its
+  // flags mean nothing: the mode cannot be told, and nothing is assumed.
+  fs::create_directories(pipe_);
+  const int seq = listen_at(pipe_ + "/control", SOCK_SEQPACKET);
+  ASSERT_GE(seq, 0);
+  const std::string why = error_of([&] { mps::running_daemon(pipe_); });
+  EXPECT_NE(why.find("not nvidia-cuda-mps-control"), std::string::npos) << why;
+  EXPECT_FALSE(mps::serves_every_user(pipe_));
+  EXPECT_THROW(mps::ensure_daemon(multi), mps::Error);
+  ::close(seq);
+}
+
 TEST_F(MpsTest, ServersSaysWhichUserEachServerServes) {
   EXPECT_TRUE(mps::servers(fake_opts()).empty()) << "no daemon, no servers";
   // Server 1: this process (so our user), 2 clients; server 2: no such PID.

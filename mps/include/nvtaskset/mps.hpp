@@ -31,7 +31,42 @@ struct Options {
   // How long to wait, in all, for a started daemon to answer on its control
   // socket (this bounds the wait for the `-d` parent to exit, too).
   std::chrono::milliseconds start_timeout{5000};
+  // The daemon must serve every user at once (`-M`, --mps-multi-user): one
+  // is started with `-d -M` (root only), and a running one that serves one
+  // user at a time is refused rather than shared.
+  bool multi_user = false;
 };
+
+// How a control daemon serves Unix users (NVIDIA's MPS guide and
+// nvidia-cuda-mps-control(1); the multi-user server mode is Volta and later).
+enum class DaemonMode {
+  kSingleUser,  // one user's clients at a time: another user's wait
+  kMultiUser,   // every user's clients at once, each as root's client (started by root with -M)
+};
+
+// Who serves a pipe directory: the process listening on its control socket.
+struct Daemon {
+  pid_t pid = 0;
+  uid_t uid = 0;
+  DaemonMode mode = DaemonMode::kSingleUser;
+};
+
+// The daemon answering at <pipe_dir>/control and its mode. The kernel says
+// which process listens there (SO_PEERCRED: its PID and user as of its
+// listen()); MPS has no command that reports the mode, so it is read from
+// that process's command line: multi-user iff it is root's
+// nvidia-cuda-mps-control (/proc/<pid>/cmdline owned by root) and was given
+// -M or --multiuser-server. A daemon of another user serves that user only.
+// No file in the pipe directory is believed: every user may write there
+// (docs/hardware.md "MPS"), so a PID file could name any process. Throws
+// Error, one line, when nothing answers or the mode cannot be told.
+Daemon running_daemon(const std::string& pipe_dir);
+
+// Whether running_daemon(pipe_dir) serves every user; false also when that
+// cannot be told (said at debug level): what a launch without
+// --mps-multi-user and --status ask before saying that another user's
+// clients wait.
+bool serves_every_user(const std::string& pipe_dir);
 
 // $CUDA_MPS_PIPE_DIRECTORY when set and non-empty, else /tmp/nvidia-mps.
 std::string pipe_directory();
@@ -53,10 +88,15 @@ struct EnsureResult {
   // How to invoke the control program that was started: the bare name when it
   // was found on $PATH, else the path. Empty when nothing was started.
   std::string control_binary;
+  // The daemon in use serves every user: started with -M, or found so
+  // (only asked for with Options::multi_user).
+  bool multi_user = false;
 };
 
 // Makes sure a control daemon answers at pipe_directory(). Starts one with
-// fork/exec of `<control_binary> -d` (never system()), passing the pipe and
+// fork/exec of `<control_binary> -d` (never system()), `-d -M` with
+// opts.multi_user (which refuses a running daemon that running_daemon()
+// finds single-user, and a start by anyone but root), passing the pipe and
 // log directories in its environment, and waits until it answers. The pipe
 // directory is created if missing. Throws Error with a one-line message when
 // the binary is missing, exits non-zero, or does not answer in time. When the
