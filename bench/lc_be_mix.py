@@ -136,7 +136,7 @@ ROLE_VARIANTS = {
 }
 # Other static shapes, LC -n L --exclusive / BE -n B --exclusive (only when named): how many TPCs the
 # LC task needs beyond its reservation to run at its speed alone there next to the BE task (the
-# memory system is shared; docs/results.md, "A share that pays for the memory system").
+# memory system is shared; docs/runs.md, "A top-up that pays for the memory system").
 STATIC_SHAPES = {f"static-{l}-{b}": (l, b) for l, b in ((20, 46), (24, 42), (28, 38), (32, 34))}
 # The roles without the LC task's top-up (NVTASKSET_LC_TOPUP=off): its reservation only while saturated.
 ROLES_NO_TOPUP = "roles-no-topup"
