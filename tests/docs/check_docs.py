@@ -14,6 +14,7 @@
 
 Prints one line per problem and exits 1 if there is any, else says what it checked and exits 0.
 """
+import functools
 import glob
 import os
 import re
@@ -50,6 +51,7 @@ def slug(heading):
     return s.replace(" ", "-")
 
 
+@functools.lru_cache(maxsize=None)
 def headings(path):
     """(texts without Markdown markup, anchors) of a file's headings; a repeated anchor gets -1, -2."""
     texts, anchors, seen = [], set(), {}
