@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
 """What a latency-critical request waits behind when it arrives next to the best-effort training of
-issue 22's mix, read from the training's own kernel timeline (no nvtaskset involved).
+bench/lc_be_mix.py (GPT-2-medium, next to GPT-2 inference), read from the training's own kernel timeline (no nvtaskset involved).
 
 Under the roles a BE task is stopped on the GPU by a gate (a stream wait on a word its gatekeeper
 closes) queued before every NVTASKSET_BE_GATE_EVERY launches. When an LC request arrives, what is

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Issue 22's mix, side by side in one run: a latency-critical (LC) inference task next to a
-best-effort (BE) training task, under each way of sharing one GPU.
+"""GPT-2 inference next to GPT-2-medium training, side by side in one run: a latency-critical (LC)
+inference task next to a best-effort (BE) training task, under each way of sharing one GPU.
 
 LC: Hugging Face transformers GPT-2 (GPT2Config's defaults: 12 layers, 768 wide), random weights,
 fp16, batch 4 x 256 tokens, forward only, captured once as one CUDA graph and replayed. BE:
@@ -12,7 +12,7 @@ and 87 requests/s, served one at a time in arrival order, latency from arrival: 
 Setups (SETUPS, one table): LC alone on the whole GPU and on its reservation (nvtaskset -n 16
 --exclusive), BE alone, and both together under time-slicing, MPS without limits, MPS 25/75
 (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) and static nvtaskset -n 16 / -n 50 --exclusive. --with-roles
-adds the roles of issue 22 (-n 16 --latency-critical / --best-effort), once nvtaskset has them.
+adds the roles (-n 16 --latency-critical / --best-effort), once nvtaskset has them.
 
 Each round makes every visit once, in a random order (the visits that need the MPS control
 daemon grouped, the groups' order random too). A visit starts the workers (this file, hidden
@@ -27,7 +27,7 @@ window in which the BE task did not progress (fewer than 2 steps, or a stall) is
 Prints, per setup and pattern: LC p50/p99/p99.9 (ms), median [min-max] over rounds; their ratios
 to LC alone on the whole GPU and to LC alone on its reservation at the same pattern; BE it/s and
 its ratio to BE alone; GPU power (W) and SM clock (MHz), mean/min over the window (NVML, else
-nvidia-smi, every 200 ms); and whether issue 22's target is met. For each roles setup, also the
+nvidia-smi, every 200 ms); and whether the target (TARGETS) is met. For each roles setup, also the
 share of each window in which the BE task was stopped for the LC task (held_ms in --status), the
 BE's ceiling that leaves (1 minus that share) and the BE's throughput as a share of it. In the
 open loop, for each setup of both tasks, the p99 of every round's requests pooled, over LC alone's
@@ -73,8 +73,8 @@ Setup = collections.namedtuple("Setup", "name mps lc be about")
 
 BASE_GPU, BASE_RES, BASE_BE, ROLES = "lc-alone-gpu", "lc-alone-res", "be-alone", "roles"
 BASE_SIZED = "lc-alone-res-sized"
-# The roles with an L2 persisting window for the LC task (issue 22: "evaluate an L2 persisting
-# carve-out"): its worker gives its capture stream a persisting access policy window over its
+# The roles with an L2 persisting window for the LC task (one of the options the roles
+# were to evaluate: an L2 persisting carve-out): its worker gives its capture stream a persisting access policy window over its
 # largest weight (LCBE_L2_WINDOW), which the captured kernels keep (tests/gpu/l2_window_capture.cu);
 # the set-aside itself is the MPS server's (--l2-persist-pct). Only when named in --setups.
 ROLES_L2 = "roles-l2"
@@ -83,7 +83,7 @@ BE_ROLE_ALONE = "be-alone-role"
 # What MPS costs the BE task by itself, apart from the role: BE alone as a plain MPS client, and
 # under --best-effort without MPS (--no-mps). Only when named.
 BE_MPS_ALONE, BE_ROLE_NOMPS_ALONE = "be-alone-mps", "be-alone-role-nomps"
-# The roles' other ways for the BE task to make way (issue 22: "evaluate launch pacing"), each a
+# The roles' other ways for the BE task to make way (launch pacing), each a
 # setup named in --setups: a deeper BE queue, and NVTASKSET_BE_YIELD's floor and run. Since
 # nvtaskset sets CUDA_MPS_CLIENT_PRIORITY by role, every roles setup runs its BE at below-normal
 # priority; mps-be-low is plain MPS with the BE client so (the GPU then prefers the LC's waiting
@@ -136,7 +136,7 @@ ROLE_VARIANTS = {
 }
 # Other static shapes, LC -n L --exclusive / BE -n B --exclusive (only when named): how many TPCs the
 # LC task needs beyond its reservation to run at its speed alone there next to the BE task (the
-# memory system is shared; docs/results.md, "A share that pays for the memory system").
+# memory system is shared; docs/runs.md, "A top-up that pays for the memory system").
 STATIC_SHAPES = {f"static-{l}-{b}": (l, b) for l, b in ((20, 46), (24, 42), (28, 38), (32, 34))}
 # The roles without the LC task's top-up (NVTASKSET_LC_TOPUP=off): its reservation only while saturated.
 ROLES_NO_TOPUP = "roles-no-topup"
@@ -169,10 +169,10 @@ def setup_table(nv, lc_n, be_n, be_depth=None):
         Setup("static", True, lc_res, Launch([nv, "-n", str(be_n), "--exclusive"], {}),
               f"nvtaskset -n {lc_n} --exclusive (LC) / -n {be_n} --exclusive (BE)"),
         # Only when named in --setups: is sizing the task to its partition (cudaDevAttrMultiProcessorCount
-        # = its SMs) worth making the default of -n? (issue 22, "Sizing the task to its partition")
+        # = its SMs) worth making the default of -n? (docs/runs.md, "Sizing the task to its partition")
         Setup(BASE_SIZED, True, Launch(lc_res.prefix + ["--partition-sm-count"], {}), None,
               f"LC alone on its reservation, sized to it: nvtaskset -n {lc_n} --exclusive --partition-sm-count"),
-        # ---- HOOK, issue 22: the roles. Only with --with-roles (checked against nvtaskset --help). ----
+        # ---- HOOK: the roles. Only with --with-roles (checked against nvtaskset --help). ----
         Setup(ROLES, True, Launch([nv, "-n", str(lc_n), "--latency-critical"], {}),
               Launch([nv, "--best-effort"], be_role_env),
               f"nvtaskset -n {lc_n} --latency-critical (LC) / --best-effort (BE)"
@@ -204,7 +204,7 @@ def setup_table(nv, lc_n, be_n, be_depth=None):
 
 ROLE_OPTIONS = ("--latency-critical", "--best-effort")
 
-# Issue 22's targets: pattern -> (baseline the LC p99 is compared with, max ratio, BE minimum,
+# The mix's targets: pattern -> (baseline the LC p99 is compared with, max ratio, BE minimum,
 # whether that minimum is a ratio to BE alone or it/s).
 TARGETS = {
     "poisson44": ("gpu", 1.25, 0.90, "ratio"),
@@ -1122,7 +1122,7 @@ def report(d, summary):
     say(f"LC p50 / p99 / p99.9 in ms and BE it/s: median [min-max] over the valid rounds (n). "
         f"x gpu, x res: LC p50/p99/p99.9 over LC alone on the whole GPU, on its reservation (-n {a.lc_tpcs}), same "
         f"pattern. BE x alone: over BE alone ({fmt_stat(be)} it/s). W, MHz: the window's mean / min, median over rounds.")
-    say("Target (issue 22): 44 req/s p99 <= 1.25x gpu and BE >= 90%; 87 req/s p99 <= 1.5x gpu and BE >= 80%; "
+    say("Target: 44 req/s p99 <= 1.25x gpu and BE >= 90%; 87 req/s p99 <= 1.5x gpu and BE >= 80%; "
         "closed p99 <= 1.10x res and BE >= 8.6 it/s.")
     head = (f"  {'setup':14s} {'n':>2s}  {'p50 ms':20s} {'p99 ms':20s} {'p99.9 ms':20s} {'x gpu':15s} {'x res':15s} "
             f"{'BE it/s':20s} {'x alone':7s} {'W':9s} {'MHz':9s} target")
@@ -1319,7 +1319,7 @@ def parse_args(argv):
     ap.add_argument("--be-tpcs", type=int, default=50, help="BE's static partition, -n (default %(default)s)")
     ap.add_argument("--setups", help="comma-separated subset of the setups (default: all)")
     ap.add_argument("--with-roles", action="store_true",
-                    help="add the roles setup (nvtaskset --latency-critical / --best-effort, issue 22)")
+                    help="add the roles setup (nvtaskset --latency-critical / --best-effort)")
     ap.add_argument("--be-depth", type=int, default=None,
                     help=f"{BE_DEPTH_ENV} (launches in flight, 1-1024) for the roles setup's BE only (default: unset)")
     ap.add_argument("--quick", action="store_true", help="a smoke of about 2 minutes: 1 round, 2-s windows")
@@ -1384,7 +1384,7 @@ def check_nvtaskset(a, setups):
         raise SystemExit(f"lc_be_mix.py: {a.nvtaskset}: not an executable nvtaskset; build it, or pass --nvtaskset PATH")
     if any(s.name in ROLE_SETUPS for s in setups) and not nvtaskset_knows_roles(a.nvtaskset):
         raise SystemExit(f"lc_be_mix.py: --with-roles: {a.nvtaskset} --help lists no {' / '.join(ROLE_OPTIONS)} "
-                         "(the roles of issue 22 are not in this build)")
+                         "(the roles are not in this build)")
 
 
 def main(argv):

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""What issue 22's mix could reach if the training kept some TPCs while the inference serves: an
-upper bound for every way of splitting the GPU's TPCs during the LC task's requests.
+"""What the mix of bench/lc_be_mix.py (GPT-2 inference next to GPT-2-medium training) could reach
+if the training kept some TPCs while the inference serves: an upper bound for every way of splitting the GPU's TPCs during the LC task's requests.
 
 The roles stop the best-effort (BE) training while the latency-critical (LC) inference serves, so
 the training keeps at most 1 minus the share of time the LC task is busy. Keeping k TPCs for the
@@ -43,7 +43,7 @@ sys.path.insert(0, HERE)
 import lc_be_mix  # noqa: E402 - the mix's models and its percentile (importing it needs no torch)
 
 RATES = (44.0, 87.0)
-# issue 22, by rate: (the most the LC p99 may grow, the least share the training keeps)
+# lc_be_mix.TARGETS, by rate: (the most the LC p99 may grow, the least share the training keeps)
 TARGETS = {44.0: (1.25, 0.90), 87.0: (1.5, 0.80)}
 pct = lc_be_mix.pct
 

@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Issue 22's trade-off from bench/lc_be_mix.py's JSON: LC p99 against BE throughput.
+"""The trade-off of bench/lc_be_mix.py (GPT-2 inference next to GPT-2-medium training), from its
+JSON: LC p99 against BE throughput.
 
 One panel per load (each open-loop rate, then the closed loop), one point per setup that runs
 both tasks: x is BE it/s over BE alone, y is LC p99 over LC alone on the whole GPU at the same
 load (the closed loop: over LC alone on its reservation, when the JSON has that baseline, as
-issue 22's target is). A point is the median over the valid rounds; its bars span the rounds'
+the target is). A point is the median over the valid rounds; its bars span the rounds'
 minimum to maximum, over the same baselines' medians (the baselines' own spread is not in the
-bars). Issue 22's target region is shaded (lc_be_mix.TARGETS: 44 req/s p99 <= 1.25x and BE >=
+bars). The target region is shaded (lc_be_mix.TARGETS: 44 req/s p99 <= 1.25x and BE >=
 0.90; 87 req/s p99 <= 1.5x and BE >= 0.80; closed p99 <= 1.10x of alone on the reservation and
 BE >= 8.6 it/s, drawn as 8.6 / BE alone). The roles setup (lc_be_mix.ROLES), when the JSON has
 it, is the red star.

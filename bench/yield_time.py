@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""How fast a best-effort task gives TPCs back: the yield time behind issue 22's roles.
+"""How fast a best-effort task gives TPCs back: the yield time behind the roles.
 
 A mask reaches a kernel when the kernel is launched (its TMD is written then), so after
 `nvtaskset -p` shrinks a best-effort (BE) task off the TPCs of a latency-critical (LC) task,
@@ -24,7 +24,7 @@ window). Printed: the LC alone, next to the full BE, next to the shrunk BE, and 
     python3 bench/yield_time.py --nvtaskset build/bin/nvtaskset --out DIR
     python3 bench/yield_time.py --dry-run       # the plan, no GPU
 
---roles measures the give-back time of issue 22's roles instead (no `-p`): two arms, each a visit
+--roles measures the give-back time of the roles (--latency-critical / --best-effort) instead (no `-p`): two arms, each a visit
 of its own (one start of both workers, every DEPTH x KERNEL in a random order), the arms'
 order random in each of --rounds rounds:
   roles: LC `nvtaskset -n 16 --latency-critical`, BE `nvtaskset --best-effort` (with

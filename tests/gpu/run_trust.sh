@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Issue 21 ("never silently unpartitioned") on a real GPU: the `trust` section of
+# "Never silently unpartitioned" on a real GPU: the `trust` section of
 # tests/gpu/verify.py, run from the repository root on the GPU machine, as root:
 #
 #   NVT_BUILD=.dev/nvt bash tests/gpu/run_trust.sh

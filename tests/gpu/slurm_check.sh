@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# Issue 24's one GPU check: a one-node Slurm (tests/slurm/cluster.sh, run from a
+# The Slurm plugin's one GPU check: a one-node Slurm (tests/slurm/cluster.sh, run from a
 # carried Debian 12 bundle, `cluster.sh bundle .dev/slurm-bundle`) on the real
 # driver, 8 shards on /dev/nvidia0, spank_nvtaskset.so with no-mps. Two
 # concurrent `srun --gres=shard:2 smid_probe` steps must run on disjoint TPC

@@ -11,8 +11,8 @@ Every GPU command has a timeout. Each check prints PASS/FAIL with its evidence;
 the exit status is the number of failures. Sections: calibrate, probe, lists,
 gpc, live, mps, torch, bench, errors, multi (needs 2 GPUs), systemwide, graphs,
 clusters, libclusters, torchgraphs, graphoverhead, graphbench, hardening, sharing,
-racing, multiuser, smcount, startupcache, roles (issue 22),
-trust (issue 21: needs root; tests/gpu/run_trust.sh runs it)
+racing, multiuser, smcount, startupcache, roles,
+trust (never silently unpartitioned; needs root; tests/gpu/run_trust.sh runs it)
 (default: all).
 """
 import json
@@ -1466,7 +1466,7 @@ def section_startupcache():
     check("startupcache: --verify passes with the cached device list", rc == 0, out.strip()[-200:] + err.strip()[-200:])
 
 
-# ---- issue 21, "never silently unpartitioned" (trust) ----------------------------------------------------
+# ---- "never silently unpartitioned" (trust) ----------------------------------------------------
 
 TRUST = "/tmp/nvtaskset-trust"  # scratch files every user can reach (under HARD's copies, made by two_users)
 
@@ -1950,7 +1950,7 @@ def trust_mps_pipe_dir():
 
 
 def section_trust():
-    """Issue 21, never silently unpartitioned: the shim survives a replaced LD_LIBRARY_PATH, shell children follow
+    """Never silently unpartitioned: the shim survives a replaced LD_LIBRARY_PATH, shell children follow
     -p (also after a user switch, holding nothing of the task's region), a bypass is detected (-p, --status),
     secure-execution programs and foreign MPS pipe directories are refused. Exact TPCs by %smid, --no-mps."""
     import shutil
@@ -2013,7 +2013,7 @@ def roles_lc_task(tpcs, name, interval_ms=100, mps=False):
 
 
 def section_roles():
-    """Issue 22's roles on the hardware, outside MPS (exact TPCs by %smid): two LC tasks burst around each
+    """The roles (--latency-critical / --best-effort) on the hardware, outside MPS (exact TPCs by %smid): two LC tasks burst around each
     other's reservations, a third that overlaps is refused; a best-effort task keeps off the reservation of a
     stopped (stale) LC task and of a saturated one, and gets it back when the LC task dies; the same for a BE
     task of another Unix user. Under MPS, by throughput: a BE task's compute-bound work next to a stale LC task

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 #
-# The Slurm plugin end to end (issue 24): a private one-node cluster
+# The Slurm plugin end to end: a private one-node cluster
 # (cluster.sh: munged, slurmctld, slurmd, started here and stopped by PID),
 # spank_nvtaskset.so in its plugstack.conf, and srun steps that run the e2e
 # launcher on the stand-in driver posing as a 64-TPC GPU. It checks the masks
