@@ -105,10 +105,9 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 		return d.again(prev, uid, wants)
 	}
 	entry := checkpoint.Claim{Namespace: c.Namespace, Name: c.Name, Pod: consumers(c)}
-	// The entry is on disk before any holder starts, and each holder is
-	// in it before its claim is made: a plugin that dies half-way leaves
-	// holders that its successor finds and stops, never a claim no one
-	// lists.
+	// Each holder is on disk, in an entry marked not prepared, before its
+	// claim is made; a plugin that dies half-way leaves holders that its
+	// successor stops (listed or not: holder.Running), never a claim.
 	d.state.Claims[uid] = entry
 	fail := func(err error) ([]kubeletplugin.Device, error) {
 		_ = d.release(d.state.Claims[uid])
@@ -118,9 +117,6 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 		}
 		_ = d.cdi.Remove(uid)
 		return nil, err
-	}
-	if err := checkpoint.Save(d.ckpt, d.state); err != nil {
-		return fail(err)
 	}
 	for _, w := range wants {
 		p, err := holder.Start(d.opts.HolderExe, label(entry), d.owner)

@@ -241,3 +241,8 @@ func Edits(specDirs []string, ids ...string) (*oci.Spec, error) {
 	}
 	return spec, nil
 }
+
+// Claims lists the claims allocated and not yet released.
+func (s *Scheduler) Claims() []*resourceapi.ResourceClaim {
+	return append([]*resourceapi.ResourceClaim(nil), s.allocated...)
+}
