@@ -288,22 +288,10 @@ func (n *node) status() []nvtaskset.Task {
 
 // tpcs expands "0-3,8" to its TPCs.
 func tpcs(t *testing.T, list string) []int {
-	var out []int
-	for _, part := range strings.Split(list, ",") {
-		lo, hi, found := strings.Cut(part, "-")
-		a, err := strconv.Atoi(lo)
-		if err != nil {
-			t.Fatalf("TPC list %q", list)
-		}
-		b := a
-		if found {
-			if b, err = strconv.Atoi(hi); err != nil {
-				t.Fatalf("TPC list %q", list)
-			}
-		}
-		for k := a; k <= b; k++ {
-			out = append(out, k)
-		}
+	t.Helper()
+	out, err := nvtaskset.ParseList(list)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

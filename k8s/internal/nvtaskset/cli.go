@@ -247,3 +247,24 @@ func (c *CLI) Status(ctx context.Context) ([]Task, error) {
 	}
 	return s.Tasks, nil
 }
+
+// ParseList expands a TPC list as nvtaskset prints it ("0-3,8") into its
+// TPCs, in order.
+func ParseList(list string) ([]int, error) {
+	var out []int
+	for _, part := range strings.Split(list, ",") {
+		lo, hi, ranged := strings.Cut(part, "-")
+		a, err := strconv.Atoi(lo)
+		b := a
+		if err == nil && ranged {
+			b, err = strconv.Atoi(hi)
+		}
+		if err != nil || b < a {
+			return nil, fmt.Errorf("not a TPC list: %q", list)
+		}
+		for k := a; k <= b; k++ {
+			out = append(out, k)
+		}
+	}
+	return out, nil
+}

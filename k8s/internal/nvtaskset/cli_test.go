@@ -77,3 +77,15 @@ func TestParseTopology(t *testing.T) {
 		t.Fatal("parseTopology accepted a non-JSON answer")
 	}
 }
+
+func TestParseList(t *testing.T) {
+	got, err := ParseList("0-3,8,10-11")
+	if want := []int{0, 1, 2, 3, 8, 10, 11}; err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("ParseList = %v, %v; want %v", got, err, want)
+	}
+	for _, bad := range []string{"", "a", "3-1", "1-", "-"} {
+		if got, err := ParseList(bad); err == nil {
+			t.Errorf("ParseList(%q) = %v", bad, got)
+		}
+	}
+}

@@ -230,24 +230,9 @@ func gpucheck(args []string) error {
 	return nil
 }
 
+// expand is a TPC list's TPCs; nothing for one that does not parse.
 func expand(list string) []int {
-	var out []int
-	for _, part := range strings.Split(list, ",") {
-		lo, hi, found := strings.Cut(part, "-")
-		a, err := strconv.Atoi(lo)
-		if err != nil {
-			continue
-		}
-		b := a
-		if found {
-			if b, err = strconv.Atoi(hi); err != nil {
-				continue
-			}
-		}
-		for k := a; k <= b; k++ {
-			out = append(out, k)
-		}
-	}
+	out, _ := nvtaskset.ParseList(list)
 	return out
 }
 
