@@ -13,7 +13,7 @@
 
 #include "nvtaskset/planner.hpp"
 #include "nvtaskset/request.hpp"
-#include "nvtaskset/roles.hpp"
+#include "nvtaskset/task_role.hpp"
 
 namespace nvtaskset::cli {
 

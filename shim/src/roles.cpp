@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The roles in a task's shim: see roles.hpp here and in control/.
+// The roles in a task's shim: see roles.hpp here, and the roles library (roles/).
 #include "roles.hpp"
 
 #include <dlfcn.h>

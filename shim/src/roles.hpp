@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The roles in a task's shim (shim-internal; the protocol and the policy are
-// in control/include/nvtaskset/roles.hpp).
+// The roles in a task's shim (shim-internal; the beacon and the policy are
+// the roles library's, ../../roles).
 //
 // Latency-critical task: every launch (kernels and graphs) counts, before
 // the real call, in the task's beacon, and an event recorded after it tells
@@ -28,7 +28,13 @@
 #include "nvtaskset/bits.hpp"
 #include "nvtaskset/control_region.hpp"
 #include "nvtaskset/cuda_driver_api.hpp"
-#include "nvtaskset/roles.hpp"
+#include "nvtaskset/beacon.hpp"
+#include "nvtaskset/best_effort_policy.hpp"
+#include "nvtaskset/burst_budget.hpp"
+#include "nvtaskset/gate_lane.hpp"
+#include "nvtaskset/kernel_timer.hpp"
+#include "nvtaskset/topup.hpp"
+#include "nvtaskset/work_queue.hpp"
 
 namespace nvtaskset::roles_shim {
 
