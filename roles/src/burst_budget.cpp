@@ -2,6 +2,7 @@
 // The latency-critical controller's burst budget (burst_budget.hpp).
 #include "nvtaskset/burst_budget.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 namespace nvtaskset::roles {
@@ -21,11 +22,26 @@ void BurstBudget::advance(std::uint64_t now, bool busy) noexcept {
     const double fast_keep = std::exp(-static_cast<double>(dt) / static_cast<double>(p_.fast_tau_ns));
     fast_share_ = fast_share_ * fast_keep + (busy ? 1.0 - fast_keep : 0.0);
   }
+  // The event this pass is.
+  BurstEvent event = BurstEvent::kIdle;
   if (busy) {
     if (busy_since_ == 0) busy_since_ = now - dt;
     const bool fast = p_.fast_tau_ns != 0 && fast_share_ > p_.fast_stop_share;
-    if (allowed_ && (share_ > p_.stop_share || fast || now - busy_since_ >= p_.max_burst_ns)) {
-      allowed_ = false;
+    event = share_ > p_.stop_share || fast || now - busy_since_ >= p_.max_burst_ns ? BurstEvent::kOverBudget
+                                                                                   : BurstEvent::kBusy;
+  } else {
+    busy_since_ = 0;
+    // Both shares below the resume share: a closed loop the fast share
+    // stopped has a slow share still below it (0.32 after 0.39 s).
+    if (share_ < p_.resume_share && (p_.fast_tau_ns == 0 || fast_share_ < p_.resume_share))
+      event = BurstEvent::kSharesLow;
+    else if (p_.resume_after_ns != 0 && now - stopped_at_ >= resume_timeout())
+      event = BurstEvent::kTimedOut;  // stopped long enough: try again (burst_budget.hpp says why)
+  }
+  const BurstTransition& t = burst_transition(state_, event);
+  switch (t.action) {
+    case BurstAction::kNone: break;
+    case BurstAction::kStop: {
       stopped_at_ = now;
       ++saturations_;
       // A probe the task's load ended at once: wait twice as long for the
@@ -34,23 +50,19 @@ void BurstBudget::advance(std::uint64_t now, bool busy) noexcept {
       timeout_ns_ = failed_probe ? std::min(2 * resume_timeout(), std::max(p_.max_resume_after_ns, p_.resume_after_ns))
                                  : p_.resume_after_ns;
       probed_at_ = 0;
+      break;
     }
-  } else {
-    busy_since_ = 0;
-    // Both shares below the resume share: a closed loop the fast share
-    // stopped has a slow share still below it (0.32 after 0.39 s).
-    if (!allowed_ && share_ < p_.resume_share && (p_.fast_tau_ns == 0 || fast_share_ < p_.resume_share)) {
-      allowed_ = true;
+    case BurstAction::kResume:
       timeout_ns_ = 0;
       probed_at_ = 0;
-    } else if (!allowed_ && p_.resume_after_ns != 0 && now - stopped_at_ >= resume_timeout()) {
-      // Stopped long enough: try again at the resume share (burst_budget.hpp says why).
-      allowed_ = true;
+      break;
+    case BurstAction::kProbe:
       share_ = std::min(share_, p_.resume_share);
       fast_share_ = std::min(fast_share_, p_.fast_resume_share);
       probed_at_ = now;
-    }
+      break;
   }
+  state_ = t.next;
 }
 
 }  // namespace nvtaskset::roles

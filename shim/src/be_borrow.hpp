@@ -17,11 +17,12 @@
 #include <cstdint>
 
 #include "nvtaskset/kernel_timer.hpp"
+#include "nvtaskset/role_options.hpp"
 #include "role_shared.hpp"
 
 namespace nvtaskset::roles_shim {
 
-constexpr unsigned kDefaultBorrowUs = 500;
+using roles::kDefaultBorrowUs;  // 500 (role_options.hpp)
 
 struct Timing {
   roles::KernelTimer* timer = nullptr;  // nullptr: nothing timed (every kernel borrows, gates by count)

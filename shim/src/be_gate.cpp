@@ -34,7 +34,7 @@ constexpr unsigned kHostAllocDeviceMap = 0x2; // CU_MEMHOSTALLOC_DEVICEMAP
 //   gatekeeper asleep while the LC task is idle");
 // - with no LC task, every 2 ms.
 constexpr std::uint64_t kGatePollNs = 20'000;
-constexpr std::uint64_t kGateSleepNs = 2'000'000;
+constexpr std::uint64_t kGateSleepNs = roles::kDefaultGateSleepMs * 1'000'000ull;
 
 void* gatekeeper(void*) {
   ::prctl(PR_SET_NAME, "nvt-gatekeeper");  // as top -H and /proc show it

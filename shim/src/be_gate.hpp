@@ -26,6 +26,7 @@
 #include <cstdint>
 
 #include "nvtaskset/gate_lane.hpp"
+#include "nvtaskset/role_options.hpp"
 #include "role_shared.hpp"
 
 namespace nvtaskset::roles_shim {
@@ -36,10 +37,10 @@ namespace nvtaskset::roles_shim {
 // or a better tail, where every launch gave less of both (run 72). Now the
 // count where NVTASKSET_BE_GATE_EVERY is set or NVTASKSET_BE_GATE_US is 0,
 // and where the task's kernels cannot be timed (no cuEventElapsedTime).
-constexpr unsigned kDefaultGateEvery = 2;
+using roles::kDefaultGateEvery;  // 2 (role_options.hpp)
 // By default the gates are spaced by learned work instead (roles::GateSpacing):
 // at most this much between two, or one kernel longer.
-constexpr unsigned kDefaultGateUs = 100;
+using roles::kDefaultGateUs;  // 100 (role_options.hpp)
 // Under the gate the queue no longer sets the give-back (an LC request waits
 // behind the kernels before the next gate, not behind the queue: an LC probe
 // waited as long behind 1.5- and 6-ms matmuls with 1024 launches queued as
@@ -55,7 +56,7 @@ constexpr unsigned kDefaultGateUs = 100;
 // closed loop. Launches queued while the LC task was idle keep all the TPCs,
 // and run over its reservation if it has saturated by the time the gate
 // opens (at most this queue, once per saturation; docs/design.md).
-constexpr unsigned kDefaultGateDepth = 64;
+using roles::kDefaultGateDepth;  // 64 (role_options.hpp)
 constexpr unsigned kGateLanes = 16;
 
 struct Gate {

@@ -19,6 +19,7 @@
 #include "nvtaskset/options.hpp"
 #include "nvtaskset/partition.hpp"
 #include "nvtaskset/work_queue.hpp"
+#include "nvtaskset/role_options.hpp"
 #include "role_shared.hpp"
 
 namespace nvtaskset::roles_shim {
@@ -29,11 +30,11 @@ constexpr unsigned kMaxPeers = 16;
 // behind a BE that kept 1 launch of 1.5-ms matmuls queued, 5.0 ms behind 16,
 // while the BE ran 625 instead of 656 matmuls/s (bench/yield_time.py --roles,
 // docs/results.md).
-constexpr unsigned kDefaultBeDepth = 4;
+using roles::kDefaultBeDepth;  // 4 (role_options.hpp)
 // Its queue while on the floor (every busy LC task saturated), in launches:
 // 16 cost the training 3-6% next to an idle LC task where 4 cost 22% (H100,
 // runs 40-41); nothing waits behind them for TPCs.
-constexpr unsigned kDefaultBeFloorDepth = 16;
+using roles::kDefaultBeFloorDepth;  // 16 (role_options.hpp)
 
 struct BeState {
   pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;  // peers, floors, budget

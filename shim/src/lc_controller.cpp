@@ -178,10 +178,7 @@ void* controller(void*) {
       // resume, a few microseconds a kernel node (docs/design.md).
       if (ctl::Header* h = header()) h->epoch.fetch_add(1, std::memory_order_acq_rel);
     }
-    b.state.store(static_cast<std::uint32_t>(!busy                ? roles::LcState::kIdle
-                                             : budget.may_burst() ? roles::LcState::kBursting
-                                                                  : roles::LcState::kSaturated),
-                  std::memory_order_relaxed);
+    b.state.store(static_cast<std::uint32_t>(roles::lc_state(budget.state())), std::memory_order_relaxed);
     b.saturations.store(budget.saturations(), std::memory_order_relaxed);
     // The burst set and the top-up: when the top-up changes, when the
     // status directory changed (entries come and go by rename and unlink),

@@ -40,6 +40,7 @@
 #include <string>
 #include <vector>
 
+#include "nvtaskset/burst_budget.hpp"
 #include "nvtaskset/partition.hpp"
 #include "nvtaskset/task_role.hpp"
 
@@ -64,8 +65,15 @@ struct BeaconDevice {
   std::atomic<std::uint64_t> topup[2];
 };
 
-// What a burst is, in the controller's words.
+// What a burst is, in the controller's words (its budget's state, lc_state()).
 enum class LcState : std::uint32_t { kIdle = 0, kBursting = 1, kSaturated = 2 };
+// The beacon's state of a controller whose budget is in `s`: resting
+// (idle, may not burst yet) is idle to the other tasks.
+constexpr LcState lc_state(BurstState s) noexcept {
+  return s == BurstState::kBursting    ? LcState::kBursting
+         : s == BurstState::kSaturated ? LcState::kSaturated
+                                       : LcState::kIdle;
+}
 
 struct Beacon {
   std::atomic<std::uint32_t> magic;  // stored last
@@ -106,9 +114,7 @@ struct Beacon {
   // have to make way: the task turned busy (a launch made while every
   // earlier one was known complete), or it may burst or probes again. BE
   // gatekeepers sleep on it while none has to (await_wake) instead of
-  // polling every 20 us: that polling cost GPT-2-medium training 6 points of
-  // its throughput next to an idle LC task on an H200 (run 95,
-  // docs/results.md, "The gatekeeper asleep while the LC task is idle").
+  // polling every 20 us (measured: docs/design.md, "Roles", "The numbers, measured").
   std::atomic<std::uint32_t> wake;
   BeaconDevice devices[kBeaconDevices];
 };

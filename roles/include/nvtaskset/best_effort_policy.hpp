@@ -38,16 +38,13 @@ inline bool hold_is_probe(const std::vector<LcSnapshot>& lcs, std::uint64_t now_
 // No resume time-out: this bound is the BE task's own, not a guess about
 // how fast the LC task would run.
 inline constexpr BudgetParams kHoldBudget{200'000'000, 0.5, 0.35, 100'000'000, 0, 0, 0, 0, 0};
-// A hold for a reference probe (TopUp) counts against a bound of its own,
-// not against kHoldBudget: a closed loop's burst spends that one (its first
-// 0.35 s of burst held the BE task for more than 100 ms), and the probe
-// that follows the stop at once then ran next to the BE task on its whole
-// floor, so its "alone" durations were the contended ones and the top-up
-// was sized against them (run 63: the top-up started at 2 TPCs with its
-// ratio at 1.04 while the requests ran at 1.2-1.3x of alone; docs/runs.md).
-// A probe lasts at most 80 ms, one per 4 s (0.5 s while they time nothing):
-// 2-14% of the time. This bound, 100 ms in a row and a fifth of the time
-// over 2 s, keeps an LC task that probes for ever from stopping the BE task.
+// A hold for a reference probe (TopUp) counts against a bound of its own, not
+// against kHoldBudget: a closed loop's burst spends that one, and a probe
+// that then ran next to the BE task timed contended durations as "alone"
+// (measured: docs/design.md, "Roles", "The numbers, measured"). A probe lasts
+// at most 80 ms, one per 4 s (0.5 s while they time nothing): 2-14% of the
+// time. This bound, 100 ms in a row and a fifth of the time over 2 s, keeps
+// an LC task that probes for ever from stopping the BE task.
 inline constexpr BudgetParams kProbeHoldBudget{2'000'000'000, 0.2, 0.1, 100'000'000, 0, 0, 0, 0, 0};
 
 // The floor of a BE partition: what is left of it without the LC

@@ -2,22 +2,19 @@
 // Where a best-effort stream's gates go (NVTASKSET_BE_GATE_US, _EVERY).
 //
 // An LC request that arrives while a BE stream runs waits for the kernels
-// queued before that stream's next gate (the gate: a wait on the GPU that
-// the task's gatekeeper closes while the LC task is busy). Each gate costs:
-// on an H100 a stream of 48-us kernels ran 1.45 us a launch slower with a
-// gate every 2 launches (about 2.9 us a gate), the launching thread 1.3 us a
-// launch more, and GPT-2-medium training next to an idle LC task gained 5
-// points of its throughput with a gate every 64 launches (run 102). A gate
-// every 2 launches puts one before every other kernel of a training step's
-// many short ones (element-wise, normalisation, optimizer) though a group of
-// them is over sooner than one matmul. So, by default, a stream's kernels
-// are grouped by their learned durations (KernelTimer): a gate goes before a
-// launch once the learned work since the stream's last gate, this kernel
-// included, would pass the bound, before a kernel not timed yet and the
-// launch after it (it may be long), and after max_launches launches. What a
-// request waits for is then the rest of a group: at most the bound of
-// learned work, or one kernel longer than that. Pure: the shim keeps one
-// lane per stream.
+// queued before that stream's next gate (the gate: a wait on the GPU that the
+// task's gatekeeper closes while the LC task is busy). Each gate costs the
+// stream and its launching thread a few microseconds (measured:
+// docs/design.md, "Roles", "The numbers, measured"). A gate every 2 launches
+// puts one before every other kernel of a training step's many short ones
+// (element-wise, normalisation, optimizer) though a group of them is over
+// sooner than one matmul. So, by default, a stream's kernels are grouped by
+// their learned durations (KernelTimer): a gate goes before a launch once the
+// learned work since the stream's last gate, this kernel included, would pass
+// the bound, before a kernel not timed yet and the launch after it (it may be
+// long), and after max_launches launches. What a request waits for is then
+// the rest of a group: at most the bound of learned work, or one kernel
+// longer than that. Pure: the shim keeps one lane per stream.
 #pragma once
 
 #include <cstdint>

@@ -29,12 +29,7 @@ class KernelDurations {
   // quarter weight each). The first launch of a kernel loads its module
   // (CUDA's lazy loading, the default), so its sample is longer than the
   // kernel, and a moving average re-timed once in 64 launches takes dozens
-  // of steps to forget it. With the first sample as the average's start,
-  // GPT-2-medium training next to an idle LC task had a tenth of its
-  // launches kept off the reservation as "500 us or longer" after 30 steps,
-  // and 100 us of learned work gave it no fewer gates than one every 2
-  // launches (H100, run 103); with the least of two, 28x fewer were kept
-  // off (run 104). The samples themselves were not read out.
+  // of steps to forget it (measured: docs/design.md, "Roles", "The numbers, measured").
   static constexpr unsigned kFirst = 2;
   void learn(std::uint64_t key, std::uint64_t sample_ns) noexcept;
   // The least sample instead of an average (durations alone, TopUp).

@@ -4,14 +4,9 @@
 //
 // While every LC task is idle a BE task borrows the reservations, and an LC
 // request that arrives then waits on its reservation for the BE kernel
-// running there (and the rest of its gate's group) to end. GPT-2-medium
-// training spends 16% of its GPU time in three kernels of 2.9-4.4 ms a step
-// (sm75 CUTLASS GEMMs of alignment 1, once a step each: by all signs the LM
-// head's, whose vocabulary, 50257, is odd), so an arrival finds more than 2 ms
-// of BE work in the way 5-7% of the time (H200, bench/be_kernels.py, run 83).
-// A BE task kept off the reservations altogether gave the LC p99 1.09x of
-// alone at 44 requests/s where borrowing gave 1.56x, at 0.74 of the
-// training's throughput alone against 0.85 (run 83). So a kernel the task's
+// running there (and the rest of its gate's group) to end: a training step's
+// few long kernels put milliseconds of BE work in the way of some arrivals
+// (measured: docs/design.md, "Roles", "The numbers, measured"). So a kernel the task's
 // own launches timed at the limit or more keeps off the reservations even
 // while every LC task is idle, and the short ones borrow them. The same
 // durations space the task's gates (GateLane). Pure: the shim records the
@@ -32,8 +27,7 @@ class KernelTimer {
   // The pending pairs are read once in this many launches, not at every
   // one: their end events wait behind the task's queue (64 launches), so
   // read at each launch they cost 1-2 event queries a launch for nothing
-  // (on an H100 the timing cost GPT-2-medium training 3 points next to an
-  // idle LC task, run 102).
+  // (measured: docs/design.md, "Roles", "The numbers, measured").
   static constexpr unsigned kPollEvery = 16;
   // `limit_ns` 0: every kernel borrows (the durations still space the gates).
   explicit KernelTimer(std::uint64_t limit_ns) noexcept : limit_ns_(limit_ns) {}

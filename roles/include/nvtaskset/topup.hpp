@@ -4,18 +4,15 @@
 //
 // A saturated LC task (its burst stopped: a closed loop) runs on its
 // reservation next to BE tasks on their floors. The SMs are all it is fenced
-// from: through DRAM and L2 it still ran 1.45x slower than alone there (p99,
-// GPT-2 next to GPT-2-medium training on an H200, run 56), and the BE
-// task's TPC count is its bandwidth (docs/hardware.md). The same mix with 8
-// more TPCs for the LC task and 8 fewer for the BE task (24 / 42) ran the
-// LC at 1.01x its p99 alone on 16 TPCs, with the training at 10 it/s
-// (run 56, docs/results.md, "A top-up that pays for the memory system").
-// How many a task needs depends on both tasks, so the controller measures
-// it: reference probes (BE tasks hold, the LC task runs on its reservation
-// alone) learn each of its kernels' durations alone; between them it
-// compares the durations it sees with those, and grows its top-up while its
-// slow launches are slower than alone, shrinks it while even they are
-// clearly faster.
+// from: through DRAM and L2 it still runs slower than alone there, and the BE
+// task's TPC count is its bandwidth (docs/hardware.md); a few more TPCs for
+// the LC task and a few fewer for the BE task pay that back (measured:
+// docs/design.md, "Roles", "The numbers, measured"). How many a task needs
+// depends on both tasks, so the controller measures it: reference probes (BE
+// tasks hold, the LC task runs on its reservation alone) learn each of its
+// kernels' durations alone; between them it compares the durations it sees
+// with those, and grows its top-up while its slow launches are slower than
+// alone, shrinks it while even they are clearly faster.
 #pragma once
 
 #include <cstdint>
@@ -34,43 +31,37 @@ struct TopUpParams {
   // Of the ratios of a window's launches to their durations alone, the one
   // at this quantile decides: the slow launches, the tail (the issue's
   // target is a p99), not the average, which stays below 1 while the p99 is
-  // above (static 20 / 46 on an H200: p50 1.01x, p99 1.26x; run 56). By
+  // above. By
   // nearest rank: of a window's 12-20 launches, the slowest but one or two,
   // so that one outlier does not decide.
   double quantile = 0.9;
   double grow_above = 1.0;    // more TPCs while that ratio is above this
   // Fewer while below this. The 0.9 quantile of a window swings with the
-  // training's phases: at 0.9 the top-up swung between 4 and 8 TPCs (run
-  // 59), at 0.85 between 6 and 10, shrinking at 0.81-0.84 and growing back
-  // at 1.13-1.26 a few hundred ms later (run 61). Shrinking only after
-  // shrink_after windows (below) stopped the swing (run 63: 10-12 TPCs,
-  // settled at ratios of 0.74-0.93 with the bound at 0.75).
-  // At 0.8 it settled at 10-12 TPCs with its launches at 0.75-0.9 of alone
-  // and the LC p50 at 0.69x, while the closed loop's p99 was the probes'
-  // own launches at 1.0x (run 64): the band's floor is the training's.
+  // training's phases; shrinking only after shrink_after windows (below)
+  // stops the swing, and the band's floor is the training's.
   double shrink_below = 0.85;
   // Shrinking, to where the heaviest of those windows would be at this
   // ratio if the task's time grew in proportion to its lost TPCs (at least
   // `step`): one decision, as growing is, from the top-up's start at its
   // most (below) to what the task needs.
   double shrink_to = 0.95;
-  // ... in this many full windows in a row. A training step (about 110 ms
-  // for GPT-2-medium on an H200) is as long as a window, and its phases
-  // draw on DRAM and L2 unlike: one window at 0.7 and the next at 1.26
-  // (run 61's traces), so a top-up that shrank after one window grew back
-  // a few hundred ms later, and each time it grew two of the task's
-  // launches had been slow first. Over half a second (about four steps)
-  // the top-up is sized for the heaviest phase, as a static split is.
+  // ... in this many full windows in a row. A training step (about 110 ms for
+  // GPT-2-medium on an H200) is as long as a window, and its phases draw on
+  // DRAM and L2 unlike, so a top-up that shrank after one window grew back a
+  // few hundred ms later, and each time it grew two of the task's launches
+  // had been slow first. Over half a second (about four steps) the top-up is
+  // sized for the heaviest phase, as a static split is.
   unsigned shrink_after = 5;
   // TPCs a decision: at least `step`, and growing, as many as would pay the
   // ratio back if the task's time fell in proportion to its TPCs ((reserved
   // + top-up) x (ratio - 1), rounded up to a TPC pair): one or two
-  // decisions reach the top-up instead of one step of 2 per 100 ms (run 57:
-  // still at 4-6 after 3 s, its slow transient in every window's tail).
+  // decisions reach the top-up instead of one step of 2 per 100 ms, which
+  // left its slow transient in every window's tail.
+  // These values (measured: docs/design.md, "Roles", "The numbers, measured").
   unsigned step = 2;
   std::uint64_t probe_every_ns = 4'000'000'000;  // a reference probe this often while saturated
-  // ... or this soon after one that timed nothing (run 59: one closed-loop
-  // window of three ran with no top-up after its one probe timed nothing).
+  // ... or this soon after one that timed nothing (else a window may run
+  // with no top-up at all).
   std::uint64_t probe_retry_ns = 500'000'000;
   // Launches made this soon after a probe began may wait behind BE work
   // queued before it (the give-back: 5-13 ms, docs/results.md): not counted.

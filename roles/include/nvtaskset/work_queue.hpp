@@ -65,9 +65,8 @@ class WorkQueue {
   // request waits out what is left of it whatever the bound, so the bound
   // counts the work queued behind it, this launch's included. Asked before
   // the launch: checked after it, each launch left one more queued past the
-  // bound (6-ms matmuls: one running and one queued, 8 ms of give-back on
-  // an H100, run 49); counting the oldest too, every short kernel behind a
-  // long one waited for it (GPT-2-medium training at 0.58 of alone, run 50).
+  // bound; counting the oldest too, every short kernel behind a long one
+  // waited for it (measured: docs/design.md, "Roles", "The numbers, measured").
   bool fits(std::uint64_t key) const noexcept {
     if (size_ == 0) return true;
     if (size_ >= max_) return false;
