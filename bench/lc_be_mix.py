@@ -218,7 +218,7 @@ CHECK_S, STARTUP_S, SETTLE_S, TEARDOWN_S, WINDOW_OVERHEAD_S, MPS_TOGGLE_S = 8, 1
 BE_RESUME_S = 0.3  # after BE resumes, before a window starts
 # Before each window of the roles setup, the LC idles this long (BE running): the roles keep state
 # across windows (the LC's burst budget and the BE's hold budget, exponentially weighted shares of
-# time busy; roles.hpp), so a window that follows the closed loop would otherwise start with
+# time busy; burst_budget.hpp), so a window that follows the closed loop would otherwise start with
 # bursting stopped, and on its reservation the LC is busy enough at 44 or 87 req/s (6.6-8.7 ms a
 # request, H100) that it might not resume within the window. 1.5 s idle takes the LC's share (time
 # constant 1 s) from at most 1 (a long closed loop) to 0.22, below its resume share (0.35), and the
@@ -897,7 +897,7 @@ class Driver:
             r.update(be_stats(os.path.join(vdir, "be-steps.txt"), t0, t1))
             why = be_rejection(r, self.a.be_max_gap_s)
             if why and setup.name in ROLE_SETUPS:
-                # The roles hold BE's launches back by design (at most 100 ms in a row, roles.hpp):
+                # The roles hold BE's launches back by design (at most 100 ms in a row, best_effort_policy.hpp):
                 # a BE that stalls longer is a result of this setup, not a broken window, and
                 # rejecting it would drop the very windows that miss the target. Kept, its it/s
                 # over the whole window (the stall included), the reason in `note`.

@@ -112,16 +112,47 @@ Requests parse_requests(const Options& o) {
                                  !o.positionals[0].starts_with("0x") && !o.positionals[0].starts_with("0X");
   const bool wants_mask =
       !role_without_mask && (o.given.empty() || o.given.back().kind == planner::RequestKind::kNone);
-  if (wants_mask && (o.pid_mode ? o.positionals.size() == 2 : !o.positionals.empty()))
+  if (wants_mask && (o.mode == Mode::kPid ? o.positionals.size() == 2 : !o.positionals.empty()))
     rq.lead_mask = planner::parse_request("", planner::RequestKind::kTpcMask, o.positionals[0]);
   return rq;
 }
 
+constexpr const char* kVerifyTakes = "--verify takes only -d, --seed and --topology-file";
+constexpr const char* kStatusTakes = "--status takes no list, PID or command";
+
+// The options that choose a mode, in the order one_mode() names them.
+struct ModeOption {
+  Mode mode;
+  const char* name;
+};
+constexpr ModeOption kModeOptions[] = {
+    {Mode::kPid, "-p"},           {Mode::kStatus, "--status"},       {Mode::kVerify, "--verify"},
+    {Mode::kTopology, "--topology"}, {Mode::kCalibrate, "--calibrate"}, {Mode::kSystemWide, "--system-wide"},
+};
+static_assert([] {
+  for (std::size_t i = 0; i < std::size(kModeOptions); ++i)
+    if (static_cast<std::size_t>(kModeOptions[i].mode) != i + 1) return false;
+  return true;
+}(), "kModeOptions is in Mode's order, from the first after kLaunch");
+
+// The one check that the modes exclude each other: `given[m]` says whether
+// mode m's option was given; none is a launch. Two given keep the messages
+// --verify and --status have always had for them.
+Mode one_mode(const bool (&given)[std::size(kModeOptions)]) {
+  std::vector<ModeOption> on;
+  for (std::size_t i = 0; i < std::size(kModeOptions); ++i)
+    if (given[i]) on.push_back(kModeOptions[i]);
+  if (on.empty()) return Mode::kLaunch;
+  if (on.size() == 1) return on[0].mode;
+  for (const ModeOption& m : on)
+    if (m.mode == Mode::kVerify) throw Failure(kVerifyTakes);
+  if (on[0].mode == Mode::kPid && on[1].mode == Mode::kStatus && on.size() == 2) throw Failure(kStatusTakes);
+  throw Failure(std::string(on[0].name) + " and " + on[1].name + " exclude each other");
+}
+
 // --verify (verify.hpp) checks partitions of its own on one GPU.
 int do_verify(const Options& o) {
-  if (o.pid_mode || o.show_topology || o.calibrate || o.json || !o.system_wide.empty() || !o.positionals.empty() ||
-      o.status || o.all_tasks || o.exclusive || o.spread)
-    throw Failure("--verify takes only -d, --seed and --topology-file");
+  if (o.json || !o.positionals.empty() || o.all_tasks || o.exclusive || o.spread) throw Failure(kVerifyTakes);
   if (o.given.size() > 1 || (o.given.size() == 1 && o.given[0].kind != planner::RequestKind::kNone))
     throw Failure("--verify checks partitions of its own: give it no TPC or GPC list or mask");
   return verify::run({o.given.empty() ? "" : o.given[0].device, o.seed, o.topology_file, o.shim_dir});
@@ -230,6 +261,9 @@ int run(int argc, char** argv) {
   CLI::App app{kDescription, "nvtaskset"};
   app.set_version_flag("-V,--version", version_text());
   Options o;
+  bool mode_given[std::size(kModeOptions)] = {};  // one_mode()'s input
+  auto mode_flag = [&](Mode m) -> bool& { return mode_given[static_cast<std::size_t>(m) - 1]; };
+  bool latency_critical = false, best_effort = false;
   std::vector<std::string> tpc_lists, gpc_lists, physicals, device_specs, counts;
   auto one_each = [](CLI::Option* opt) {
     return opt->allow_extra_args(false)->expected(1)->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
@@ -244,18 +278,18 @@ int run(int argc, char** argv) {
   app.add_flag("--exclusive", o.exclusive,
                "fail if the partition would share TPCs with another live partition on the GPU, or if its "
                "status entry cannot be written (other launches could not see it)");
-  app.add_flag("--latency-critical", o.latency_critical,
+  app.add_flag("--latency-critical", latency_critical,
                "reserve the TPCs given (-n, -t, -g or a mask) for the command, exclusively but for best-effort "
                "tasks, which make way while it has work; it may use every TPC no other partition holds while it "
                "has work");
-  app.add_flag("--best-effort", o.best_effort,
+  app.add_flag("--best-effort", best_effort,
                "run the command on all TPCs (or those given) while every latency-critical task is idle, but for "
                "kernels it timed at NVTASKSET_BE_BORROW_US (500) or more, which keep off the reservations; while one "
                "has work, its stream stops on the GPU at its next gate (one per NVTASKSET_BE_GATE_US of its work, 100) and its new kernels "
                "go on the TPCs no reservation holds; while one exists, it keeps at most NVTASKSET_BE_DEPTH "
                "launches queued (64); under MPS it is a below-normal priority client (CUDA_MPS_CLIENT_PRIORITY=1)");
   app.add_flag("-a,--all-tasks", o.all_tasks, "with -p: the task and every process it started that runs under nvtaskset");
-  app.add_flag("--status", o.status, "list every partitioned task on this machine (with --json: as JSON)");
+  app.add_flag("--status", mode_flag(Mode::kStatus), "list every partitioned task on this machine (with --json: as JSON)");
   app.add_flag("-v,--verbose", o.verbose, "say which TPCs -n chose");
   app.add_flag("--partition-sm-count,--hide-unallocated", o.partition_sm_count,
                "the task's cuDeviceGetAttribute(MULTIPROCESSOR_COUNT) reports its partition's SMs, not the GPU's, so "
@@ -268,7 +302,7 @@ int run(int argc, char** argv) {
   auto* opt_d = one_each(app.add_option("-d,--device", device_specs,
                                         "GPU by index, UUID or PCI bus id (default 0); applies to the list after it"))
                     ->type_name("DEV");
-  app.add_flag("-p,--pid", o.pid_mode, "query or change the TPCs of the running process PID");
+  app.add_flag("-p,--pid", mode_flag(Mode::kPid), "query or change the TPCs of the running process PID");
   app.add_flag("--no-mps", o.no_mps, "do not start or require the MPS control daemon");
   app.add_flag("--mps-multi-user", o.mps_multi_user,
                "the MPS control daemon must serve every user at once (nvidia-cuda-mps-control -d -M): start it so "
@@ -280,9 +314,9 @@ int run(int argc, char** argv) {
                  "are the tasks (a launcher's, such as the Slurm plugin's), and print the environment those tasks need, "
                  "NAME=VALUE a line")
       ->type_name("PID");
-  app.add_flag("--topology", o.show_topology, "print each GPU's GPCs, TPCs, SMs and mask bits");
+  app.add_flag("--topology", mode_flag(Mode::kTopology), "print each GPU's GPCs, TPCs, SMs and mask bits");
   app.add_flag("--json", o.json, "with --topology, --calibrate, --status or a -p query: print JSON");
-  app.add_flag("--calibrate", o.calibrate, "(re)discover the layout of every visible GPU");
+  app.add_flag("--calibrate", mode_flag(Mode::kCalibrate), "(re)discover the layout of every visible GPU");
   app.add_option("--show", o.show,
                  "with a -p query: print the TPCs as a list, a hex mask, GPCs (when set as GPCs) or physical "
                  "mask bits, whatever form the partition was set in")
@@ -296,7 +330,7 @@ int run(int argc, char** argv) {
                  "disable: undo; status: show")
       ->type_name("enable|disable|status")
       ->check(CLI::IsMember({"enable", "disable", "status"}));
-  app.add_flag("--verify", o.verify,
+  app.add_flag("--verify", mode_flag(Mode::kVerify),
                "check on the GPU, through the shim, that kernels run on exactly their TPCs (20 random TPC lists, "
                "each GPC); exit 2 if not");
   app.add_option("--seed", o.seed, "with --verify: seed of the random TPC lists (default: random, printed)")
@@ -349,46 +383,53 @@ int run(int argc, char** argv) {
     } else if (!o.positionals.empty() && o.positionals.front().size() > 1 && o.positionals.front()[0] == '-') {
       throw Failure("unrecognized option '" + printable(o.positionals.front()) + "' (see --help)");
     }
+    mode_flag(Mode::kSystemWide) = !o.system_wide.empty();
+    o.mode = one_mode(mode_given);
 
-    if (o.latency_critical && o.best_effort) throw Failure("--latency-critical and --best-effort exclude each other");
-    o.role = o.latency_critical ? roles::Role::kLatencyCritical
-             : o.best_effort    ? roles::Role::kBestEffort
-                                : roles::Role::kNone;
-    if (o.role != roles::Role::kNone &&
-        (o.pid_mode || o.status || o.verify || o.show_topology || o.calibrate || !o.system_wide.empty()))
+    if (latency_critical && best_effort) throw Failure("--latency-critical and --best-effort exclude each other");
+    o.role = latency_critical ? roles::Role::kLatencyCritical
+             : best_effort    ? roles::Role::kBestEffort
+                              : roles::Role::kNone;
+    if (o.role != roles::Role::kNone && o.mode != Mode::kLaunch)
       throw Failure(std::string("--") + roles::role_name(o.role) + " goes with a launch: a task's role is set when "
                     "it starts");
     if (o.role == roles::Role::kBestEffort && o.exclusive)
       throw Failure("--best-effort and --exclusive exclude each other: a best-effort task shares its TPCs");
-    if (!o.show.empty() && !o.pid_mode) throw Failure("--show goes with -p");
-    if (o.seed && !o.verify) throw Failure("--seed goes with --verify");
-    if (o.all_tasks && !o.pid_mode) throw Failure("-a goes with -p");
+    if (!o.show.empty() && o.mode != Mode::kPid) throw Failure("--show goes with -p");
+    if (o.seed && o.mode != Mode::kVerify) throw Failure("--seed goes with --verify");
+    if (o.all_tasks && o.mode != Mode::kPid) throw Failure("-a goes with -p");
     if (o.spread && counts.empty()) throw Failure("--spread goes with -n");
     o.env_for = env_for;
-    if (o.env_for && (o.pid_mode || o.status || o.verify || o.show_topology || o.calibrate || !o.system_wide.empty()))
+    if (o.env_for && o.mode != Mode::kLaunch)
       throw Failure("--env-for goes with a launch's list, in place of its command");
     if (o.no_mps && o.mps_multi_user) throw Failure("--no-mps and --mps-multi-user exclude each other");
-    if (o.mps_multi_user && (o.pid_mode || o.status || o.verify || o.show_topology || o.calibrate ||
-                             !o.system_wide.empty()))
+    if (o.mps_multi_user && o.mode != Mode::kLaunch)
       throw Failure("--mps-multi-user goes with a launch or --env-for: it chooses the MPS daemon a task starts under");
-    if (o.partition_sm_count && (o.pid_mode || o.status || o.verify || o.show_topology || o.calibrate ||
-                                 !o.system_wide.empty()))
+    if (o.partition_sm_count && o.mode != Mode::kLaunch)
       throw Failure("--partition-sm-count goes with a launch: a running task has already read its SM count");
-    if (o.status) {
-      if (o.pid_mode || !o.given.empty() || !o.positionals.empty())
-        throw Failure("--status takes no list, PID or command");
+    if (o.mode == Mode::kStatus) {
+      if (!o.given.empty() || !o.positionals.empty()) throw Failure(kStatusTakes);
       Devices devices(shim_copies(find_shim_dir(self_exe())), o.topology_file);
       return print_status(devices, o.json);
     }
     o.shim_dir = find_shim_dir(self_exe());
-    if (o.verify) return do_verify(o);
-    if (!o.system_wide.empty()) return system_wide(o.system_wide, o.shim_dir);
-    if (o.show_topology || o.calibrate) {
-      Devices devices(shim_copies(o.shim_dir), o.topology_file);
-      return o.calibrate ? devices.calibrate_all(o.json) : devices.print(o.json);
+    switch (o.mode) {
+      case Mode::kVerify:
+        return do_verify(o);
+      case Mode::kSystemWide:
+        return system_wide(o.system_wide, o.shim_dir);
+      case Mode::kTopology:
+      case Mode::kCalibrate: {
+        Devices devices(shim_copies(o.shim_dir), o.topology_file);
+        return o.mode == Mode::kCalibrate ? devices.calibrate_all(o.json) : devices.print(o.json);
+      }
+      case Mode::kPid:
+        return live(o, parse_requests(o));
+      case Mode::kLaunch:
+      case Mode::kStatus:
+        break;
     }
     const Requests requests = parse_requests(o);
-    if (o.pid_mode) return live(o, requests);
     if (o.json) throw Failure("--json goes with --topology, --calibrate, --status or -p");
     return launch(o, requests, env);
   } catch (const std::exception& e) {

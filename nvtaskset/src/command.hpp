@@ -13,7 +13,7 @@
 
 #include "nvtaskset/planner.hpp"
 #include "nvtaskset/request.hpp"
-#include "nvtaskset/roles.hpp"
+#include "nvtaskset/task_role.hpp"
 
 namespace nvtaskset::cli {
 
@@ -30,29 +30,35 @@ struct Given {
   std::string text;
 };
 
+// What a command line does: exactly one of these (cli.cpp's one_mode() refuses
+// two).
+enum class Mode {
+  kLaunch,      // run a command (no mode option)
+  kPid,         // -p: query or change a running task
+  kStatus,      // --status
+  kVerify,      // --verify
+  kTopology,    // --topology
+  kCalibrate,   // --calibrate
+  kSystemWide,  // --system-wide ACTION
+};
+
 struct Options {
   std::string shim_dir;  // find_shim_dir() of this executable; "" when absent
   std::vector<Given> given;
   std::vector<std::string> positionals;
-  bool pid_mode = false;
+  Mode mode = Mode::kLaunch;
   bool no_mps = false;
   bool mps_multi_user = false;  // --mps-multi-user: MPS's daemon serves every user at once (mps.hpp)
-  bool show_topology = false;
   bool json = false;
   std::string show;  // -p query: list, mask, gpcs or physical ("" = the form it was set in)
-  bool calibrate = false;
   std::string topology_file;
-  std::string system_wide;
+  std::string system_wide;  // --system-wide's action: enable, disable or status
   bool spread = false;     // -n: spread over GPCs instead of packing
   bool exclusive = false;  // refuse overlapping other live partitions
   bool verbose = false;
-  bool status = false;
   bool all_tasks = false;  // -a: with -p, the task and its descendants
-  bool verify = false;
   bool partition_sm_count = false;  // the task's MULTIPROCESSOR_COUNT is its partition's SMs
   std::optional<std::string> seed;  // --seed, with --verify
-  bool latency_critical = false;
-  bool best_effort = false;
   roles::Role role = roles::Role::kNone;
   // --env-for PID: plan and claim for the running process PID (whose
   // children are the tasks: a Slurm job step's slurmstepd) and print the

@@ -313,7 +313,7 @@ int launch(const Options& o, const Requests& rq, const std::vector<std::string>&
   }
   if (o.role != roles::Role::kNone) {
     // Which TPCs host clusters together: a best-effort shim keeps a
-    // clustered kernel on its floor only where it fits (roles.cpp, adjust),
+    // clustered kernel on its floor only where it fits (shim/src/role_masks.cpp, adjust),
     // a latency-critical one chooses its top-up to keep GPCs whole.
     std::vector<ClusterMap> maps;
     for (const Choice& c : chosen)

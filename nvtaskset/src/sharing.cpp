@@ -17,6 +17,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "nvtaskset/beacon.hpp"
 #include "nvtaskset/control_region.hpp"
 #include "nvtaskset/idlist.hpp"
 #include "nvtaskset/mps.hpp"
@@ -148,7 +149,7 @@ int print_status(Devices& devices, bool json) {
       rows.push_back({&e, &dp, dev, t, logical_view(dp.partition, t)});
     }
   }
-  // The latency-critical tasks' beacons (roles.hpp): their controllers' state.
+  // The latency-critical tasks' beacons (beacon.hpp): their controllers' state.
   std::map<pid_t, roles::Peer> beacons;
   std::vector<roles::OtherBuild> other_builds;
   for (const roles::Peer& p : roles::scan_beacons(0, {}, &other_builds)) beacons[p.pid] = p;

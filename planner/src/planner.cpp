@@ -18,9 +18,9 @@ LogicalTpcSet choose_by_count(const Request& r, const topo::DeviceInfo& dev, con
   const unsigned n = r.count;
   if (n > dev.tpc_count())
     throw Refusal("-n " + r.text + ": " + device_label(dev) + " has " + std::to_string(dev.tpc_count()) + " TPCs");
-  topo::PlacementRequest req;
+  PlacementRequest req;
   req.count = n;
-  req.how = sh.spread ? topo::Placement::kSpread : topo::Placement::kPacked;
+  req.how = sh.spread ? Placement::kSpread : Placement::kPacked;
   req.pool = topo::all_tpcs(t);
   const LogicalTpcSet taken = held_by(others);
   req.pool.bits = req.pool.bits & ~taken.bits;
@@ -34,7 +34,7 @@ LogicalTpcSet choose_by_count(const Request& r, const topo::DeviceInfo& dev, con
     notes->warnings.push_back("-n " + r.text + ": only " + free + "; sharing TPCs with them");
     req.pool = topo::all_tpcs(t);
   }
-  const auto chosen = topo::choose_tpcs(t, req);
+  const auto chosen = choose_tpcs(t, req);
   if (!chosen) throw Refusal("-n " + r.text + ": no choice of TPCs on " + device_label(dev));
   if (!chosen->note.empty()) notes->warnings.push_back(chosen->note);
   notes->choices.push_back("-n " + r.text + " on " + device_label(dev) + ": TPCs " + format_list(chosen->tpcs.bits));
@@ -61,7 +61,7 @@ void check_sharing(const Partition& p, const topo::DeviceInfo& dev, const topo::
   if (o.share_gpcs.empty() || t == nullptr) return;
   // A suggestion of the same size inside GPCs no other partition touches.
   std::string alt;
-  topo::PlacementRequest req;
+  PlacementRequest req;
   req.count = p.tpcs.size();
   for (const topo::GpcInfo& g : t->gpcs) {
     bool used = false;
@@ -70,7 +70,7 @@ void check_sharing(const Partition& p, const topo::DeviceInfo& dev, const topo::
     if (!used)
       for (LogicalTpcId x : g.tpcs) req.pool.insert(x);
   }
-  if (const auto c = topo::choose_tpcs(*t, req))
+  if (const auto c = choose_tpcs(*t, req))
     alt = "; GPCs no other task uses hold the same size: -t " + format_list(c->tpcs.bits);
   const bool many = o.common_gpcs.size() > 1;
   notes->warnings.push_back(phrase(p) + " of " + device_label(dev) + (many ? " share GPCs " : " share GPC ") +
@@ -314,7 +314,7 @@ std::string cluster_warning(const topo::Topology& t, const LogicalTpcSet& tpcs) 
   // cannot host it, a GPC-aligned list of the same size usually can.
   constexpr unsigned kPortable = 8;
   if (cap.known && cap.gpu_largest >= kPortable && cap.largest < kPortable && tpcs.size() >= kPortable / 2) {
-    if (const auto alt = topo::gpc_aligned(t, tpcs.size()); alt && topo::largest_hostable_cluster(t, *alt) >= kPortable)
+    if (const auto alt = gpc_aligned(t, tpcs.size()); alt && topo::largest_hostable_cluster(t, *alt) >= kPortable)
       w += "; a GPC-aligned list of the same size hosts clusters of " +
            std::to_string(topo::largest_hostable_cluster(t, *alt)) + ": -t " + format_list(alt->bits);
   }

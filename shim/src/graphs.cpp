@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // CUDA graphs under a partition: see graphs.hpp for the mechanism.
 #include "graphs.hpp"
-#include "roles.hpp"
+#include "role_hooks.hpp"
 
 #include <dlfcn.h>
 
@@ -397,7 +397,7 @@ CUresult w_instantiate_with_params_ptsz(CUgraphExec* exec, CUgraph graph, CUDA_G
 }
 
 using StreamOpFn = CUresult (*)(CUgraphExec, CUstream);
-// A graph launch is a launch for the roles (roles.hpp): a latency-critical
+// A graph launch is a launch for the roles (role_hooks.hpp): a latency-critical
 // task is busy until it completes; a best-effort one waits its turn first.
 CUresult w_launch(CUgraphExec e, CUstream s) {
   const std::uint64_t t = roles_shim::before_graph_launch(e, s, false);

@@ -18,7 +18,7 @@
 #include "nvtaskset/seqlock.hpp"
 #include "nvtaskset/tmd.hpp"
 #include "graphs.hpp"
-#include "roles.hpp"
+#include "role_hooks.hpp"
 
 namespace nvtaskset::launch {
 
@@ -369,7 +369,7 @@ void on_launch(void* /*userdata*/, int domain, int cbid, const void* params) noe
   Bits128 enabled{view.enabled_lo, view.enabled_hi};
   const std::uint32_t blocks = tmd::cluster_blocks(t, layout, v);
   // A role widens a latency-critical kernel to its burst set, or keeps a
-  // best-effort one on its floor (roles.hpp): a flag and a seqlocked copy.
+  // best-effort one on its floor (role_masks.cpp): a flag and a seqlocked copy.
   if (e) roles_shim::adjust(slot, enabled, blocks);
   if (blocks != 0 && blocks != tmd::kClusterShapeUnknown) [[unlikely]] {
     note_cluster(*h, blocks);

@@ -58,7 +58,7 @@
 #include "nvtaskset/tmd.hpp"
 #include "graphs.hpp"
 #include "launch_callback.hpp"
-#include "roles.hpp"
+#include "role_hooks.hpp"
 #include "sm_count.hpp"
 
 // Defined by the generated trampolines (gen_trampolines.cmake).
@@ -610,7 +610,7 @@ void run_init() {
   }
   const bool active = any_active(current);
   log(spdlog::level::info, "partition: {}", describe(current));
-  // The role nvtaskset gave the task (roles.hpp), before the status entry
+  // The role nvtaskset gave the task (task_role.hpp), before the status entry
   // that shows it and before the slots it wraps.
   if (const char* r = option_value(Option::kRole)) {
     const auto role = roles::parse_role(r);

@@ -186,6 +186,27 @@ TEST_F(E2E, PidModeChecksSyntaxFirstToo) {
   EXPECT_EQ(r.err, "nvtaskset: pid 1 is not running under nvtaskset\n") << r;
 }
 
+// -p, --status, --verify, --topology, --calibrate and --system-wide each
+// choose what the command line does: two of them are refused, none ignored.
+TEST_F(E2E, ModesExcludeEachOther) {
+  env_["NVTASKSET_REAL_LIBCUDA"] = path("no-such-libcuda.so.1");
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases{
+      {{"--topology", "--calibrate"}, "--topology and --calibrate exclude each other"},
+      {{"--calibrate", "-p", "1"}, "-p and --calibrate exclude each other"},
+      {{"--system-wide", "status", "--status"}, "--status and --system-wide exclude each other"},
+      {{"--status", "--verify"}, "--verify takes only -d, --seed and --topology-file"},
+      {{"--verify", "-p", "1"}, "--verify takes only -d, --seed and --topology-file"},
+      {{"--status", "-p", "1"}, "--status takes no list, PID or command"},
+  };
+  for (const auto& [args, error] : cases) {
+    std::vector<std::string> argv{kCli};
+    argv.insert(argv.end(), args.begin(), args.end());
+    const Result r = run(argv);
+    EXPECT_TRUE(FailedWithOneLine(r)) << r;
+    EXPECT_EQ(r.err, "nvtaskset: " + error + "\n") << r;
+  }
+}
+
 TEST_F(E2E, OverlongListIsRefusedAtOnce) {
   std::string huge;
   while (huge.size() < 120 * 1024) huge += "0-4095:3,";

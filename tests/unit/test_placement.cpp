@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// `-n COUNT`: which TPCs a task gets by count (topology/placement.hpp), on
+// `-n COUNT`: which TPCs a task gets by count (planner/placement.hpp), on
 // the layout calibrated on an H100 (tests/data/topology/h100_measured.json,
 // docs/runs.md, run 9: 8 GPCs of 4, 8 x 5 and 9 x 2 TPCs striped over
 // the logical numbers, TPCs 62-65 of unknown GPC), on the synthetic H200
@@ -14,8 +14,9 @@
 #include "nvtaskset/topology_json.hpp"
 #include "test_topology_fixtures.hpp"
 
-namespace nvtaskset::topo {
+namespace nvtaskset::planner {
 namespace {
+using namespace nvtaskset::topo;
 using namespace nvtaskset::topo::testing;
 
 const std::string kData = NVTASKSET_TEST_DATA_DIR;
@@ -208,4 +209,4 @@ TEST(Placement, GpcAlignedIsThePackedChoice) {
 }
 
 }  // namespace
-}  // namespace nvtaskset::topo
+}  // namespace nvtaskset::planner

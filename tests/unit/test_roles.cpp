@@ -1,10 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
-// The latency-critical / best-effort protocol (control/include/nvtaskset/roles.hpp):
+// The latency-critical / best-effort protocol (roles/include/nvtaskset/):
 // the burst budget on recorded traces of (time, busy) samples, the
 // best-effort decision, the floor, and the beacons as files: created,
 // read back, found by another process's scan, and refused when they are
 // not what a live latency-critical task would have written.
-#include "nvtaskset/roles.hpp"
+#include "nvtaskset/beacon.hpp"
+#include "nvtaskset/best_effort_policy.hpp"
+#include "nvtaskset/burst_budget.hpp"
+#include "nvtaskset/gate_lane.hpp"
+#include "nvtaskset/kernel_timer.hpp"
+#include "nvtaskset/topup.hpp"
+#include "nvtaskset/work_queue.hpp"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>

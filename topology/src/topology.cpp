@@ -3,7 +3,6 @@
 // cluster capability and the text rendering.
 #include "nvtaskset/topology.hpp"
 
-#include "nvtaskset/placement.hpp"
 
 #include <algorithm>
 #include <map>
@@ -264,18 +263,6 @@ ClusterLimits cluster_limits(const Topology& t, const LogicalTpcSet& tpcs) {
   c.widened = gpc_closure(t, tpcs);
   c.widened_max_cluster = largest_hostable_cluster(t, c.widened);
   return c;
-}
-
-std::optional<LogicalTpcSet> gpc_aligned(const Topology& t, unsigned count) {
-  if (!t.gpcs_known() || count == 0) return std::nullopt;
-  // The packed choice of `-n`, over the TPCs of known GPC only: one rule.
-  PlacementRequest req;
-  req.count = count;
-  for (const GpcInfo& g : t.gpcs)
-    for (LogicalTpcId tpc : g.tpcs) req.pool.insert(tpc);
-  const auto r = choose_tpcs(t, req);
-  if (!r) return std::nullopt;
-  return r->tpcs;
 }
 
 std::string render_topology(const std::vector<Topology>& topos) {

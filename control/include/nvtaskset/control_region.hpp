@@ -110,7 +110,7 @@ struct Header {
   // Launches that ran on all TPCs although a partition was set (no good
   // partition was ever read, or NVTASKSET_ON_UNSUPPORTED=warn).
   std::atomic<std::uint64_t> kernels_unmasked;
-  // Roles (roles.hpp), written by the shim of a task that has one, read by
+  // Roles (task_role.hpp, ../../roles), written by the shim of a task that has one, read by
   // --status. role: roles::Role. role_state: for a best-effort task, what
   // its last launch did: 0 ran on its whole partition, 1 waited for a
   // latency-critical task, 2 ran on its floor. The counters: launches that

@@ -93,7 +93,7 @@ inline constexpr OptionDesc kOptions[] = {
      "FOR TESTS ONLY: a `-p` change kills itself (SIGKILL) at this step (locked, claimed, written, published), as "
      "a user or the OOM killer could, so tests can check what every step leaves behind"},
     {Option::kRole, "NVTASKSET_ROLE", OptionKind::kInternal, "", false,
-     "set by nvtaskset --latency-critical or --best-effort for the task (roles.hpp)"},
+     "set by nvtaskset --latency-critical or --best-effort for the task (task_role.hpp)"},
     {Option::kBurstPool, "NVTASKSET_BURST_POOL", OptionKind::kInternal, "", false,
      "set by nvtaskset --latency-critical: every working TPC of each GPU, which the task may burst onto"},
     {Option::kBeDepth, "NVTASKSET_BE_DEPTH", OptionKind::kNumber, "1-1024, default 64 (4 under hold)", true,

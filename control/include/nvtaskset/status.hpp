@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "nvtaskset/partition.hpp"
-#include "nvtaskset/roles.hpp"
+#include "nvtaskset/task_role.hpp"
 
 namespace nvtaskset::ctl {
 
@@ -38,7 +38,7 @@ struct StatusEntry {
   std::uint64_t start_time = 0;
   uid_t uid = 0;  // the task's user
   std::vector<DevicePartition> partitions;
-  // --latency-critical / --best-effort (roles.hpp); a latency-critical
+  // --latency-critical / --best-effort (task_role.hpp); a latency-critical
   // task's partitions are its reservation.
   roles::Role role = roles::Role::kNone;
 };

@@ -2,7 +2,7 @@
 // The nvtaskset command line, as a library so tests and benchmarks can run it.
 #pragma once
 
-#include "nvtaskset/roles.hpp"
+#include "nvtaskset/task_role.hpp"
 
 #include <string>
 #include <vector>
@@ -25,7 +25,7 @@ std::string find_shim_dir(const std::string& exe_path);
 // already set and CUDA_DEVICE_MAX_COPY_CONNECTIONS=2 unless either is set, and
 // NVTASKSET_REAL_LIBCUDA pinned to the driver the CLI found, and
 // NVTASKSET_SM_COUNT=partition with `partition_sm_count`.
-// With a role (roles.hpp), NVTASKSET_ROLE and, for a latency-critical task,
+// With a role (task_role.hpp), NVTASKSET_ROLE and, for a latency-critical task,
 // NVTASKSET_BURST_POOL, for a best-effort one NVTASKSET_CLUSTER_MAP where
 // the layout is known; without one, none (a launch from inside a task with
 // a role does not inherit them).

@@ -22,7 +22,7 @@
 
 #include "nvtaskset/control_region.hpp"
 #include "nvtaskset/planner.hpp"
-#include "nvtaskset/roles.hpp"
+#include "nvtaskset/task_role.hpp"
 #include "nvtaskset/status.hpp"
 
 namespace nvtaskset::planner {

@@ -23,7 +23,7 @@
 #include "nvtaskset/holders.hpp"
 #include "nvtaskset/partition.hpp"
 #include "nvtaskset/request.hpp"
-#include "nvtaskset/roles.hpp"
+#include "nvtaskset/task_role.hpp"
 #include "nvtaskset/status.hpp"
 #include "nvtaskset/topology.hpp"
 
@@ -61,7 +61,7 @@ struct Sharing {
   std::map<DeviceUuid, LogicalTpcSet> keep;  // -p -n: the TPCs a task has now
   bool spread = false;
   bool exclusive = false;  // --exclusive, or --latency-critical
-  // The launch's role (roles.hpp). A latency-critical reservation is
+  // The launch's role (task_role.hpp). A latency-critical reservation is
   // exclusive but for best-effort tasks, which make way for it; a
   // best-effort partition may overlap latency-critical reservations.
   roles::Role role = roles::Role::kNone;

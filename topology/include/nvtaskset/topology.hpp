@@ -137,11 +137,6 @@ struct ClusterLimits {
 };
 ClusterLimits cluster_limits(const Topology& t, const LogicalTpcSet& tpcs);
 
-// A GPC-aligned set of `count` TPCs: `-n count`'s packed choice
-// (placement.hpp) among the TPCs of known GPC. nullopt when the GPC layout
-// is unknown or fewer than `count` TPCs have a known GPC.
-std::optional<LogicalTpcSet> gpc_aligned(const Topology& t, unsigned count);
-
 // `numactl --hardware`-like text, one block per GPU (see docs/topology.md).
 std::string render_topology(const std::vector<Topology>& topos);
 // The same as JSON: {"schema": "nvtaskset-topology/1", "devices": [...]}.

@@ -7,7 +7,9 @@
 #include <tuple>
 #include <vector>
 
-namespace nvtaskset::topo {
+namespace nvtaskset::planner {
+
+using namespace topo;
 namespace {
 
 // Above this many GPCs with free TPCs, the packed choice stops enumerating
@@ -176,4 +178,16 @@ std::optional<PlacementResult> choose_tpcs(const Topology& t, const PlacementReq
   return out;
 }
 
-}  // namespace nvtaskset::topo
+std::optional<LogicalTpcSet> gpc_aligned(const Topology& t, unsigned count) {
+  if (!t.gpcs_known() || count == 0) return std::nullopt;
+  // The packed choice of `-n`, over the TPCs of known GPC only: one rule.
+  PlacementRequest req;
+  req.count = count;
+  for (const GpcInfo& g : t.gpcs)
+    for (LogicalTpcId tpc : g.tpcs) req.pool.insert(tpc);
+  const auto r = choose_tpcs(t, req);
+  if (!r) return std::nullopt;
+  return r->tpcs;
+}
+
+}  // namespace nvtaskset::planner

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Choosing TPCs by count (`nvtaskset -n COUNT`): which `count` TPCs of a GPU
-// a task gets when the user names only how many.
+// a task gets when the user names only how many. Planner policy over the
+// layout that topology/ describes.
 #pragma once
 
 #include <optional>
@@ -9,7 +10,7 @@
 #include "nvtaskset/bits.hpp"
 #include "nvtaskset/topology.hpp"
 
-namespace nvtaskset::topo {
+namespace nvtaskset::planner {
 
 enum class Placement {
   // Whole GPCs first, then as few partly used GPCs as possible: the set hosts
@@ -47,6 +48,11 @@ struct PlacementResult {
 // most kept TPCs; the fewest pool TPCs left stranded in a partly used GPC;
 // the lowest GPC numbers. TPCs of unknown GPC are used only when the GPCs'
 // TPCs are not enough. nullopt when the pool holds fewer than `count` TPCs.
-std::optional<PlacementResult> choose_tpcs(const Topology& t, const PlacementRequest& req);
+std::optional<PlacementResult> choose_tpcs(const topo::Topology& t, const PlacementRequest& req);
 
-}  // namespace nvtaskset::topo
+// A GPC-aligned set of `count` TPCs: the packed choice among the TPCs of
+// known GPC. nullopt when the GPC layout is unknown or fewer than `count`
+// TPCs have a known GPC.
+std::optional<LogicalTpcSet> gpc_aligned(const topo::Topology& t, unsigned count);
+
+}  // namespace nvtaskset::planner

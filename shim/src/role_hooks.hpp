@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// The roles in a task's shim (shim-internal; the protocol and the policy are
-// in control/include/nvtaskset/roles.hpp).
+// The roles in a task's shim: what shim.cpp, the launch callback and the
+// graph wrappers call (shim-internal; the beacon and the policy are the
+// roles library's, ../../roles; the files that do the work are named in
+// role_shared.hpp).
 //
 // Latency-critical task: every launch (kernels and graphs) counts, before
 // the real call, in the task's beacon, and an event recorded after it tells
@@ -28,7 +30,7 @@
 #include "nvtaskset/bits.hpp"
 #include "nvtaskset/control_region.hpp"
 #include "nvtaskset/cuda_driver_api.hpp"
-#include "nvtaskset/roles.hpp"
+#include "nvtaskset/task_role.hpp"
 
 namespace nvtaskset::roles_shim {
 
