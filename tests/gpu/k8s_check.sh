@@ -12,7 +12,8 @@
 #      plugin's nvtaskset starts, the two probes run as two other users at
 #      the same time, each on its share's SM count (%smid is renumbered
 #      under MPS);
-#   3. Prepare/Unprepare timings on the GPU's nvtaskset (bench/dra_prepare.sh).
+#   3. what each nvtaskset call of a Prepare takes, and 4. Prepare/Unprepare
+#      timings on the GPU's nvtaskset (bench/dra_prepare.sh).
 # Every GPU command has a timeout; the MPS daemon is stopped at the end.
 set -u
 build=${NVT_BUILD:-.dev/nvt}
@@ -27,7 +28,9 @@ run() {
   [[ $rc == 0 ]] || failures=$((failures + 1))
   return $rc
 }
-if pgrep -x nvidia-cuda-mps-control >/dev/null || pgrep -x nvidia-cuda-mps-server >/dev/null; then
+# An MPS process, by its program (argv[0]), never this script's own command line.
+mps_running() { pgrep -f '^(/[^ ]*/)?nvidia-cuda-mps-(control|server)( |$)' >/dev/null; }
+if mps_running; then
   echo "an MPS daemon runs already: not starting (stop it first)"
   exit 100
 fi
@@ -37,13 +40,22 @@ step "2. --mps=multi-user: two users' probes at once"
 run timeout 180 "$sim" gpucheck --nvtaskset "$build/bin/nvtaskset" --probe "$probe" --mps multi-user --users 1001,1002
 ps -eo pid,user,args | grep '[n]vidia-cuda-mps' || true
 echo quit | CUDA_MPS_PIPE_DIRECTORY=$pipe timeout 30 nvidia-cuda-mps-control
-for _ in $(seq 1 50); do pgrep -f nvidia-cuda-mps >/dev/null || break; sleep 0.2; done
-if pgrep -f nvidia-cuda-mps >/dev/null; then
+for _ in $(seq 1 50); do mps_running || break; sleep 0.2; done
+if mps_running; then
   echo "FAIL an MPS process is left"; failures=$((failures + 1))
 else
   echo "PASS no MPS daemon left"
 fi
-step "3. Prepare/Unprepare on the GPU"
+step "3. the nvtaskset calls of one Prepare, each timed (3 times)"
+TIMEFORMAT='%R s'
+for i in 1 2 3; do
+  sleep 120 & h=$!
+  echo -n "nvtaskset --env-for -n 1 --exclusive --no-mps: "; { time timeout 60 "$build/bin/nvtaskset" --env-for $h -d 0 -n 1 --exclusive --no-mps >/dev/null; } 2>&1 | tail -1
+  echo -n "nvtaskset --status --json: "; { time timeout 60 "$build/bin/nvtaskset" --status --json >/dev/null; } 2>&1 | tail -1
+  echo -n "nvtaskset --topology --json: "; { time timeout 60 "$build/bin/nvtaskset" --topology --json >/dev/null; } 2>&1 | tail -1
+  kill $h; wait $h 2>/dev/null
+done
+step "4. Prepare/Unprepare on the GPU"
 DRA_SIM=$sim run timeout 300 bash bench/dra_prepare.sh "$build" --gpu --claims 200
 echo "k8s_check: $failures failed steps"
 exit "$failures"

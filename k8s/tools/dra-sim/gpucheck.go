@@ -163,7 +163,12 @@ func gpucheck(args []string) error {
 			seen := map[int]bool{}
 			sc := bufio.NewScanner(out)
 			for sc.Scan() {
+				// "iter <i> sms <count> tpcs <list>" a kernel; the
+				// header line names the device's own SM count.
 				f := strings.Fields(sc.Text())
+				if len(f) == 0 || f[0] != "iter" {
+					continue
+				}
 				for j := 0; j+1 < len(f); j++ {
 					if f[j] == "tpcs" {
 						for _, k := range expand(f[j+1]) {
@@ -200,7 +205,13 @@ func gpucheck(args []string) error {
 		if mps == nvtaskset.MPSOff {
 			check(equal(sh.out, sh.list), "its kernels ran on exactly the share's TPCs by %%smid: %v (share %v)", compact(sh.out), compact(sh.list))
 		} else {
-			check(len(sh.sms) == 1 && sh.sms[int(2*sh.tpcs)], "under MPS each kernel saw the share's %d SMs (%%smid renumbered): %v", 2*sh.tpcs, keys(sh.sms))
+			virtual := make([]int, sh.tpcs)
+			for k := range virtual {
+				virtual[k] = k
+			}
+			check(len(sh.sms) == 1 && sh.sms[int(2*sh.tpcs)] && equal(sh.out, virtual),
+				"under MPS every kernel ran on the share's %d SMs (%%smid renumbered to TPCs 0-%d): SM counts %v, TPCs %s",
+				2*sh.tpcs, sh.tpcs-1, keys(sh.sms), compact(sh.out))
 		}
 	}
 	if mps == nvtaskset.MPSOff {
