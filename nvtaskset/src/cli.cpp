@@ -315,7 +315,9 @@ int run(int argc, char** argv) {
                  "NAME=VALUE a line")
       ->type_name("PID");
   app.add_flag("--topology", mode_flag(Mode::kTopology), "print each GPU's GPCs, TPCs, SMs and mask bits");
-  app.add_flag("--json", o.json, "with --topology, --calibrate, --status or a -p query: print JSON");
+  app.add_flag("--json", o.json,
+               "with --topology, --calibrate, --status, a -p query or --env-for (its environment and the TPCs "
+               "chosen): print JSON");
   app.add_flag("--calibrate", mode_flag(Mode::kCalibrate), "(re)discover the layout of every visible GPU");
   app.add_option("--show", o.show,
                  "with a -p query: print the TPCs as a list, a hex mask, GPCs (when set as GPCs) or physical "
@@ -430,7 +432,7 @@ int run(int argc, char** argv) {
         break;
     }
     const Requests requests = parse_requests(o);
-    if (o.json) throw Failure("--json goes with --topology, --calibrate, --status or -p");
+    if (o.json && !o.env_for) throw Failure("--json goes with --topology, --calibrate, --status, -p or --env-for");
     return launch(o, requests, env);
   } catch (const std::exception& e) {
     // The last guard of the one-line contract: a message that quotes user

@@ -10,6 +10,7 @@
 //      and the command is exec'd with the shim in its environment.
 // (A launch has nothing to read back: the task's shim makes its control
 // region from what it was given.)
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -179,6 +180,32 @@ void print_environment(const std::vector<std::string>& before, const std::vector
   std::fflush(stdout);
 }
 
+// --env-for --json: the same variables as an object, and the TPCs chosen on
+// each GPU as `--status` lists them (logical IDs), for a launcher that must
+// claim exactly those TPCs again later (the Kubernetes plugin, when the
+// process holding a claim had to be replaced).
+void print_environment_json(const std::vector<std::string>& before, const std::vector<std::string>& after,
+                            const std::vector<Choice>& chosen, Devices& devices) {
+  nlohmann::json vars = nlohmann::json::object();
+  for (const std::string& e : after) {
+    if (std::find(before.begin(), before.end(), e) != before.end()) continue;
+    const auto eq = e.find('=');
+    vars[e.substr(0, eq)] = eq == std::string::npos ? "" : e.substr(eq + 1);
+  }
+  nlohmann::json parts = nlohmann::json::array();
+  for (const Choice& c : chosen) {
+    const topo::Topology* t = devices.known_topology(*c.dev);
+    if (t == nullptr) throw Failure("the TPC layout of " + planner::device_label(*c.dev) + " is unknown");
+    parts.push_back({{"device", uuid_to_string(c.dev->uuid)},
+                     {"gpu", c.dev->ordinal},
+                     {"tpcs", format_list(topo::logical_of_physical(*t, c.partition.enabled).bits)}});
+  }
+  std::printf("%s\n", nlohmann::json({{"environment", vars}, {"partitions", parts}})
+                             .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+                             .c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int launch(const Options& o, const Requests& rq, const std::vector<std::string>& env) {
@@ -329,6 +356,10 @@ int launch(const Options& o, const Requests& rq, const std::vector<std::string>&
     spdlog::warn("{}={} replaced by {}={}: a {} task is a{} MPS client", kClientPriorityEnv, printable(*asked, 80),
                  kClientPriorityEnv, *set, roles::role_name(o.role),
                  o.role == roles::Role::kBestEffort ? " below-normal priority" : " normal priority");
+  if (env_mode && o.json) {
+    print_environment_json(env, task_env, chosen, devices);
+    return 0;
+  }
   if (env_mode) {
     print_environment(env, task_env);
     return 0;

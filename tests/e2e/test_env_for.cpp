@@ -85,3 +85,40 @@ TEST_F(E2E, EnvForRefusesWhatItCannotClaim) {
 }
 
 }  // namespace
+
+namespace {
+
+// --env-for --json: the same variables as an object, and the TPCs chosen,
+// as --status lists them, so a launcher can claim exactly them again.
+TEST_F(E2E, EnvForJsonNamesTheEnvironmentAndTheTpcsChosen) {
+  Proc& holder = start({"/bin/sleep", "60"});
+  const std::string pid = std::to_string(holder.pid);
+  const Result r = run({kCli, "--no-mps", "--env-for", pid, "-n", "6", "--exclusive", "--json"});
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j.at("environment").at("NVTASKSET_PARTITION_PID"), pid) << r.out;
+  ASSERT_TRUE(j.at("environment").contains("NVTASKSET_PARTITION")) << r.out;
+  ASSERT_EQ(j.at("partitions").size(), 1u) << r.out;
+  const std::string tpcs = j.at("partitions")[0].at("tpcs");
+  const Result st = run({kCli, "--status", "--json"});
+  ASSERT_TRUE(ExitedWith(st, 0)) << st;
+  std::string listed;
+  const nlohmann::json status = nlohmann::json::parse(st.out);
+  for (const auto& t : status.at("tasks"))
+    if (t.at("pid") == holder.pid) listed = t.at("tpcs");
+  EXPECT_EQ(tpcs, listed) << r.out << st.out;
+  EXPECT_EQ(tpcs, "0-5") << r.out;  // the stand-in's layout is unknown: the lowest-numbered TPCs
+  // Claimed again by that list, on a new holder, once the first is gone.
+  holder.kill_group();
+  holder.wait();
+  Proc& again = start({"/bin/sleep", "60"});
+  const Result r2 = run({kCli, "--no-mps", "--env-for", std::to_string(again.pid), "-t", tpcs, "--exclusive", "--json"});
+  ASSERT_TRUE(ExitedWith(r2, 0)) << r2;
+  EXPECT_EQ(nlohmann::json::parse(r2.out).at("partitions")[0].at("tpcs"), tpcs) << r2.out;
+  // Without --env-for, a launch takes no --json.
+  const Result bad = run({kCli, "--no-mps", "--json", "-t", "0-3", "/bin/true"});
+  EXPECT_TRUE(ExitedWith(bad, 1)) << bad;
+  EXPECT_NE(bad.err.find("--json goes with --topology, --calibrate, --status, -p or --env-for"), std::string::npos) << bad;
+}
+
+}  // namespace
