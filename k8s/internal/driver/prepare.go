@@ -133,14 +133,13 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 		if err := checkpoint.Save(d.ckpt, d.state); err != nil {
 			return fail(err)
 		}
-		env, err := d.opts.CLI.Claim(ctx, d.share(&s, p.PID))
+		got, err := d.opts.CLI.Claim(ctx, d.share(&s, p.PID))
 		if err != nil {
 			return fail(fmt.Errorf("%s: %w", w.result.Device, err))
 		}
-		entry.Shares[len(entry.Shares)-1].Env = env
-	}
-	if err := d.listTPCs(ctx, entry.Shares); err != nil {
-		return fail(err)
+		// The TPCs chosen, so that a share whose holder dies can be
+		// claimed again exactly.
+		entry.Shares[len(entry.Shares)-1].Env, entry.Shares[len(entry.Shares)-1].List = got.Env, got.TPCs
 	}
 	devices, err := d.writeSpec(uid, entry.Shares)
 	if err != nil {
@@ -251,26 +250,6 @@ func (d *Driver) share(s *checkpoint.Share, pid int) nvtaskset.Share {
 		Holder: pid, GPU: s.GPU, TPCs: s.TPCs, Spread: s.Spread, Role: nvtaskset.Role(s.Role),
 		PartitionSMCount: s.SMCount, MPS: d.opts.MPS,
 	}
-}
-
-// listTPCs records the TPCs nvtaskset chose for each share (its status
-// row), so that a share whose holder dies can be claimed again exactly.
-func (d *Driver) listTPCs(ctx context.Context, shares []checkpoint.Share) error {
-	tasks, err := d.opts.CLI.Status(ctx)
-	if err != nil {
-		return err
-	}
-	for i := range shares {
-		for _, t := range tasks {
-			if t.PID == shares[i].Holder.PID && strings.EqualFold(t.Device, shares[i].GPU) {
-				shares[i].List = strings.Fields(t.TPCs + " ")[0]
-			}
-		}
-		if shares[i].List == "" {
-			return fmt.Errorf("%s: nvtaskset --status does not list the claim just made (holder %d)", shares[i].Device, shares[i].Holder.PID)
-		}
-	}
-	return nil
 }
 
 // writeSpec writes the claim's CDI spec and returns its devices. d.mu is

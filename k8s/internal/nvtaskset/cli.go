@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -213,24 +214,42 @@ func (s Share) Args() []string {
 	return args
 }
 
-// Claim plans and claims s, and returns the environment (NAME=VALUE) its
-// tasks need.
-func (c *CLI) Claim(ctx context.Context, s Share) ([]string, error) {
-	out, err := c.run(ctx, s.Args()...)
+// Claimed is what nvtaskset claimed for a share.
+type Claimed struct {
+	Env  []string // NAME=VALUE: the variables its tasks need
+	TPCs string   // the TPCs chosen, as --status lists them ("0-7,16")
+}
+
+// Claim plans and claims s (nvtaskset --env-for ... --json).
+func (c *CLI) Claim(ctx context.Context, s Share) (Claimed, error) {
+	out, err := c.run(ctx, append(s.Args(), "--json")...)
 	if err != nil {
-		return nil, err
+		return Claimed{}, err
 	}
-	var env []string
-	for _, l := range strings.Split(string(out), "\n") {
-		if l == "" {
-			continue
-		}
-		if !strings.Contains(l, "=") {
-			return nil, fmt.Errorf("nvtaskset --env-for printed %q, not NAME=VALUE", l)
-		}
-		env = append(env, l)
+	var j struct {
+		Environment map[string]string `json:"environment"`
+		Partitions  []struct {
+			Device string `json:"device"`
+			TPCs   string `json:"tpcs"`
+		} `json:"partitions"`
 	}
-	return env, nil
+	if err := json.Unmarshal(out, &j); err != nil {
+		return Claimed{}, fmt.Errorf("nvtaskset --env-for --json: %v", err)
+	}
+	var got Claimed
+	for name, value := range j.Environment {
+		got.Env = append(got.Env, name+"="+value)
+	}
+	sort.Strings(got.Env)
+	for _, p := range j.Partitions {
+		if strings.EqualFold(p.Device, s.GPU) {
+			got.TPCs = p.TPCs
+		}
+	}
+	if got.TPCs == "" || len(got.Env) == 0 {
+		return Claimed{}, fmt.Errorf("nvtaskset --env-for --json named no partition of %s: %s", s.GPU, strings.TrimSpace(string(out)))
+	}
+	return got, nil
 }
 
 // Status lists every live partition on the node.
