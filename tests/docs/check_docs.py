@@ -26,7 +26,7 @@ RESULTS_MAX_LINES = 600
 # from docs/results.md to docs/runs.md are to be fixed there, then they join this list.
 REF_SOURCES = ("README.md", "docs/*.md", "docs/figures/data/README.md", "man/nvtaskset.1", "bench/*.py",
                "bench/*.sh", "tests/**/*.py", "tests/**/*.sh", "tests/**/*.md")
-NOT_YET = ("docs/design.md",)
+NOT_YET = ()
 FIGURE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?(?:-\d+(?:\.\d+)?)?)(x|%| ms| us| s| it/s| req/s| requests/s| W| MHz)\b")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 SECTION_REF = re.compile(r"`?(?:docs/)?(\w+)\.md`?(?:'s)?,\s+(?:\"([^\"]+)\"|(Figs?\.\s+\d+[ab]?))")
