@@ -448,7 +448,7 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   // when both wait for an SM. On an H100 this took the LC task's p99 next
   // to GPT-2-medium training from 1.88x to 1.58x of alone at 44 requests/s,
   // and from 2.45x to 1.74x at 87, at the same training throughput
-  // (docs/results.md, "MPS client priority"); it did not shorten the wait
+  // (docs/runs.md, "MPS client priority"); it did not shorten the wait
   // behind BE matmuls that hold their SMs for the whole kernel (run 33). The
   // role decides it: a user's value is replaced (launch() says so). Outside
   // MPS, contexts time-slice and the priority means nothing.

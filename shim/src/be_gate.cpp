@@ -30,7 +30,7 @@ constexpr unsigned kHostAllocDeviceMap = 0x2; // CU_MEMHOSTALLOC_DEVICEMAP
 //   words (at most 2 ms; several at once by futex_waitv, Linux 5.16): a
 //   task wakes it when it turns busy, may burst again or probes. Polling
 //   every 20 us there too cost GPT-2-medium training 6 points next to an
-//   idle LC task on an H200, 4 of 4 rounds (run 95, docs/results.md, "The
+//   idle LC task on an H200, 4 of 4 rounds (run 95, docs/runs.md, "The
 //   gatekeeper asleep while the LC task is idle");
 // - with no LC task, every 2 ms.
 constexpr std::uint64_t kGatePollNs = 20'000;

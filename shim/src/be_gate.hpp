@@ -3,7 +3,7 @@
 // Held on the CPU, a launch waits before the driver sees it, so what an LC
 // request waits behind is the BE queue (NVTASKSET_BE_DEPTH), and a shallow
 // queue idles the GPU between GPT-2-medium's short kernels: 4 launches cost
-// the training 22% next to an idle LC task (H100, docs/results.md, "What the
+// the training 22% next to an idle LC task (H100, docs/runs.md, "What the
 // best-effort queue costs by itself"). The gate stops the stream on the GPU
 // instead: before every NVTASKSET_BE_GATE_EVERY launches of a stream the shim
 // queues a wait on a word of the task's own mapped host memory

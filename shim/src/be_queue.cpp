@@ -338,7 +338,7 @@ void be_after(CUstream s, bool per_thread, std::uint64_t key, bool floor) noexce
     // busy LC task saturated) the queue may be deeper: its kernels keep off
     // the reservations, so an LC request does not wait behind them for
     // TPCs, and a queue of 4 launches cost GPT-2-medium training 22%
-    // (docs/results.md, "What the best-effort queue costs by itself").
+    // (docs/runs.md, "What the best-effort queue costs by itself").
     const unsigned back = floor && g_be.floor_back != 0 ? g_be.floor_back : g_be.back;
     const unsigned w = (slot + g_be.ring - back % g_be.ring) % g_be.ring;
     // The wait and the record each counted against captures on their own

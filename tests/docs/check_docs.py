@@ -21,9 +21,8 @@ import re
 import sys
 
 RESULTS_MAX_LINES = 600
-# The sources whose section references are checked. Not yet: C++ comments, and docs/design.md,
-# whose Roles section is being rewritten; their references to the notebook sections that moved
-# from docs/results.md to docs/runs.md are to be fixed there, then they join this list.
+# The sources whose section references are checked (C++ comments are not: their references were
+# mended by hand when the notebook moved to docs/runs.md).
 REF_SOURCES = ("README.md", "docs/*.md", "docs/figures/data/README.md", "man/nvtaskset.1", "bench/*.py",
                "bench/*.sh", "tests/**/*.py", "tests/**/*.sh", "tests/**/*.md")
 NOT_YET = ()

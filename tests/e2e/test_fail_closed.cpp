@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Failing closed where isolation depends on shared state (issue 21): a full
+// Failing closed where isolation depends on shared state: a full
 // status directory, a -p killed between its steps, a region lock another
 // holds, control characters in arguments, a partition with no TPC of its
 // GPU. Through the real CLI and shim on the stand-in driver.

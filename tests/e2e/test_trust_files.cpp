@@ -3,7 +3,7 @@
 // (control/trusted_file.hpp): the topology and device caches, a topology
 // file named in the environment, the public status entries, and the MPS pipe
 // and log directories. Each test is an attack from the fault-injection
-// review (issue 21), run with the real CLI against the stand-in driver; the
+// review, run with the real CLI against the stand-in driver; the
 // second-user ones need root (CI runs as root).
 #include "e2e_fixture.hpp"
 

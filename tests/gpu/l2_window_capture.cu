@@ -2,7 +2,7 @@
 // Does a kernel captured from a stream keep the stream's L2 access policy
 // window? bench/lc_be_mix.py's roles-l2 setup gives the LC task's capture
 // stream a persisting window and relies on the captured kernels keeping it
-// (docs/results.md, "An L2 persisting carve-out for the LC task"). Prints the
+// (docs/runs.md, "An L2 persisting window for the LC task"). Prints the
 // device's persisting L2 limits, the set-aside this context got, the stream's
 // window read back, and each captured kernel node's window.
 //   l2_window_capture

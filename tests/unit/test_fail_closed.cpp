@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Failing closed where isolation depends on shared state (issue 21): the
+// Failing closed where isolation depends on shared state: the
 // writer lock is bounded and names its holder, a scribbled device slot is
 // never taken for "no partition", a partition with no TPC of its GPU is
 // never stored, and a -p's claim (old and new TPCs) is repaired from the

@@ -2,7 +2,7 @@
 // The best-effort queue bounded in work (NVTASKSET_BE_WORK_US).
 //
 // What an LC request waits behind is the BE work already queued when it
-// arrives (docs/results.md, "Give-back time of the roles"). A bound in
+// arrives (docs/runs.md, "Give-back time of the roles"). A bound in
 // launches cannot tell GPT-2-medium's 10-us element-wise kernels from its
 // 1-ms optimizer and LM-head kernels: 4 launches starve the GPU between the
 // short ones (the training lost 22% next to an idle LC task on an H100) and
