@@ -246,11 +246,11 @@ image() {
     "$cfg" "$(stat -c %s "$w/oci/blobs/sha256/$cfg")" "$layer" "$size" >"$w/man"
   man=$(sha256sum "$w/man" | cut -d' ' -f1)
   mv "$w/man" "$w/oci/blobs/sha256/$man"
-  printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
+  printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"platform":{"architecture":"amd64","os":"linux"},"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
     "$man" "$(stat -c %s "$w/oci/blobs/sha256/$man")" "$name" "${name##*:}" >"$w/oci/index.json"
   echo '{"imageLayoutVersion":"1.0.0"}' >"$w/oci/oci-layout"
   tar -C "$w/oci" -cf "$w/image.tar" . || return 1
-  "$dir/bin/ctr" -n "$NS" images import --no-unpack=false "$w/image.tar" >"$w/import.log" 2>&1 ||
+  "$dir/bin/ctr" -n "$NS" images import --digests --snapshotter overlayfs "$w/image.tar" >"$w/import.log" 2>&1 ||
     { cat "$w/import.log" >&2; return 1; }
   rm -rf "$w"
 }
@@ -334,7 +334,7 @@ resolvConf: /etc/resolv.conf
 registerNode: true
 serializeImagePulls: false
 # A test node: never evict for the shared machine's disk or memory.
-evictionHard: {memory.available: "0%", nodefs.available: "0%", imagefs.available: "0%"}
+evictionHard: {}
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 featureGates:
