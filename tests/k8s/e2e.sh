@@ -1,0 +1,261 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+#
+# Tier B of the Kubernetes tests: a real one-node cluster (cluster.sh: etcd,
+# kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, containerd
+# with runc, and the nvtaskset DRA plugin), pods with ResourceClaims for TPCs
+# of the stand-in driver posing as one 64-TPC GPU. It checks:
+#   - a plain pod runs (the runtime, the sandbox image, the node);
+#   - the plugin's ResourceSlice: device gpu-0 with a consumable capacity tpcs;
+#   - pods claiming 16 and 32 TPCs run at once, as users 1000 and 2000, on
+#     disjoint TPCs: by the stand-in's record of their kernels' masks and by
+#     `nvtaskset --status --json` on the node;
+#   - a claim for more than is free stays Pending, with the scheduler's reason;
+#   - deleting a pod releases its TPCs (status), and the pending pod then runs.
+# Ends with 'N passed, M failed'; exit status 1 on any failure.
+#
+#   e2e.sh BUILD_DIR      nvtaskset's CMake build tree
+#
+# Environment: NVTS_K8S_BIN (the components, see cluster.sh),
+# NVTASKSET_DRA_PLUGIN (default BUILD_DIR/bin/nvtaskset-dra-plugin).
+set -uo pipefail
+
+HERE=$(dirname "$(readlink -f "$0")")
+CLUSTER=$HERE/cluster.sh
+BUILD=$(readlink -f "${1:?usage: e2e.sh BUILD_DIR}")
+PLUGIN=${NVTASKSET_DRA_PLUGIN:-$BUILD/bin/nvtaskset-dra-plugin}
+[[ $(id -u) == 0 ]] || { echo "FAIL e2e.sh needs root (the kubelet and containerd)"; echo "0 passed, 1 failed"; exit 1; }
+PASSES=0 FAILS=0
+pass() { echo "PASS $*"; PASSES=$((PASSES + 1)); }
+fail() { echo "FAIL $*"; FAILS=$((FAILS + 1)); }
+now_ms() { local t; t=$(date +%s%N); echo $((t / 1000000)); }
+wait_for() {
+  local end=$(($(now_ms) + $1 * 1000)); shift
+  until "$@" >/dev/null 2>&1; do (($(now_ms) > end)) && return 1; sleep 0.2; done
+}
+finish() {
+  echo "$PASSES passed, $FAILS failed"
+  ((FAILS == 0))
+  exit $?
+}
+
+NV=$BUILD/bin/nvtaskset
+FAKE=$BUILD/tests/fakecuda/libcuda.so.1
+LAUNCHER=$BUILD/tests/e2e/launcher
+for f in "$NV" "$FAKE" "$LAUNCHER" "$PLUGIN"; do
+  [[ -e $f ]] || { fail "missing $f (build the project, and the DRA plugin)"; finish; }
+done
+
+# What the plugin's nvtaskset and the pods share, at the same path on the node
+# and in the pods (a hostPath volume): the stand-in driver, its record, the
+# status directory. World-readable: the pods run as users 1000 and 2000.
+T=$(mktemp -d /tmp/nvts-k8s-t.XXXXXX)
+chmod 0755 "$T"
+mkdir -p "$T/lib" "$T/status" "$T/cache" "$T/run"
+chmod 1777 "$T/run"
+cp "$FAKE" "$T/lib/libcuda.so.1"
+: >"$T/record"
+chmod 0666 "$T/record"
+chmod -R a+rX "$T/lib"
+TPCS=64 # the stand-in without a topology maps TPC k to mask bit k (identity)
+export NVTASKSET_REAL_LIBCUDA=$T/lib/libcuda.so.1 FAKECUDA_SM_COUNT=$((2 * TPCS)) FAKECUDA_RECORD=$T/record
+export NVTASKSET_STATUS_DIR=$T/status XDG_CACHE_HOME=$T/cache
+unset LD_PRELOAD CUDA_VISIBLE_DEVICES
+
+DIR=""
+cleanup() {
+  local rc=$?
+  if [[ -n $DIR ]]; then
+    ((FAILS)) && { echo "--- cluster logs"; "$CLUSTER" logs "$DIR" 30 2>/dev/null; }
+    "$CLUSTER" down "$DIR" || echo "FAIL cluster.sh down did not leave a clean machine"
+  fi
+  rm -rf "$T"
+  exit "$rc"
+}
+trap cleanup EXIT
+
+t0=$(now_ms)
+if ! env=$(NVTASKSET_DRA_PLUGIN=$PLUGIN "$CLUSTER" up --owner $$ --max-seconds 900 --nvtaskset "$NV"); then
+  fail "cluster.sh up"
+  finish
+fi
+eval "$env"
+DIR=$NVTS_K8S_DIR
+pass "cluster.sh up: the node is Ready, the plugin published its slices ($((($(now_ms) - t0) / 1000)) s)"
+
+# The pods' image: busybox, the launcher and the libraries it links (its
+# libcuda.so.1 comes from the claim's CDI edits: no driver is in the image).
+R=$DIR/tmp/rootfs
+mkdir -p "$R/bin" "$R/tmp"
+cp /bin/busybox "$R/bin/busybox"
+for a in sh cat sleep ls id env; do ln -s busybox "$R/bin/$a"; done
+cp "$LAUNCHER" "$R/bin/launcher"
+for lib in $(ldd "$LAUNCHER" | awk '/=> \// {print $3} /^\t\/lib/ {print $1}'); do
+  [[ $lib == */libcuda.so.1 ]] && continue
+  mkdir -p "$R$(dirname "$lib")" && cp -L "$lib" "$R$lib"
+done
+mkdir -p "$R/lib64" && cp -L /lib64/ld-linux-x86-64.so.2 "$R/lib64/"
+IMAGE=nvts.test/launcher:local
+"$CLUSTER" image "$DIR" "$IMAGE" "$R" /bin/launcher && pass "the test image is imported into containerd" ||
+  { fail "importing the test image"; finish; }
+
+# pod NAME UID [TEMPLATE] [ARGS...]: a pod of user UID running the launcher
+# (TEMPLATE: the ResourceClaimTemplate its container's claim comes from).
+pod() {
+  local name=$1 uid=$2 tmpl=${3:-} claims="" uses=""
+  shift 3 || shift $#
+  local args="" a
+  for a in "$@"; do args+="\"$a\", "; done
+  if [[ -n $tmpl ]]; then
+    claims="  resourceClaims: [{name: gpu, resourceClaimTemplateName: $tmpl}]"
+    uses="    resources: {claims: [{name: gpu}]}"
+  fi
+  cat <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: $name}
+spec:
+  restartPolicy: Never
+  hostPID: true
+  automountServiceAccountToken: false
+  terminationGracePeriodSeconds: 2
+  securityContext: {runAsUser: $uid, runAsGroup: $uid}
+$claims
+  containers:
+  - name: main
+    image: $IMAGE
+    imagePullPolicy: Never
+    args: [${args%, }]
+    env:
+    - {name: NVTASKSET_REAL_LIBCUDA, value: "$NVTASKSET_REAL_LIBCUDA"}
+    - {name: FAKECUDA_SM_COUNT, value: "$FAKECUDA_SM_COUNT"}
+    - {name: FAKECUDA_RECORD, value: "$FAKECUDA_RECORD"}
+    - {name: NVTASKSET_STATUS_DIR, value: "$NVTASKSET_STATUS_DIR"}
+$uses
+    volumeMounts: [{name: t, mountPath: "$T"}]
+  volumes: [{name: t, hostPath: {path: "$T", type: Directory}}]
+EOF
+}
+template() { # template NAME TPCS
+  cat <<EOF
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: $1}
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: tpc.nvtaskset.dev
+          capacity:
+            requests: {tpcs: "$2"}
+EOF
+}
+# The DeviceClass that selects the plugin's devices.
+deviceclass() {
+  cat <<EOF
+apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: tpc.nvtaskset.dev}
+spec:
+  selectors:
+  - cel: {expression: 'device.driver == "tpc.nvtaskset.dev"'}
+EOF
+}
+phase() { kubectl get pod "$1" -o jsonpath='{.status.phase}' 2>/dev/null; }
+is_phase() { [[ $(phase "$1") == "$2" ]]; }
+
+# 1. A plain pod: no claim, runs and exits; its log is the program's.
+pod plain 0 "" --print-env HOME --kernels 0 | kubectl apply -f - >/dev/null
+if wait_for 120 is_phase plain Succeeded || wait_for 1 is_phase plain Failed; then
+  log=$(kubectl logs plain 2>&1)
+  [[ $(phase plain) == Succeeded && $log == *"pid "* ]] && pass "a plain pod (no claim) ran to completion" ||
+    fail "the plain pod: phase $(phase plain), log: $log"
+else
+  fail "the plain pod did not finish: $(kubectl describe pod plain | tail -15)"
+fi
+kubectl delete pod plain --wait=true --timeout=60s >/dev/null 2>&1
+
+# 2. The plugin's ResourceSlice: gpu-0, tpcs = 64, for the node.
+slice=$(kubectl get resourceslices -o json --field-selector spec.driver=tpc.nvtaskset.dev)
+dev=$(jq -r '[.items[].spec.devices[]?.name] | join(",")' <<<"$slice")
+cap=$(jq -r '[.items[].spec.devices[]? | select(.name == "gpu-0") | .capacity.tpcs.value] | first // ""' <<<"$slice")
+multi=$(jq -r '[.items[].spec.devices[]? | select(.name == "gpu-0") | .allowMultipleAllocations] | first // ""' <<<"$slice")
+[[ $dev == gpu-0 && $cap == "$TPCS" && $multi == true ]] &&
+  pass "the ResourceSlice has gpu-0 with consumable capacity tpcs=$cap" ||
+  fail "the ResourceSlice: devices '$dev', tpcs '$cap', allowMultipleAllocations '$multi'"
+
+# 3. Pods of 16 and 32 TPCs, users 1000 and 2000, at once: disjoint.
+deviceclass | kubectl apply -f - >/dev/null || fail "applying the DeviceClass"
+for n in 16 32 48; do template "tpcs-$n" "$n" | kubectl apply -f - >/dev/null; done
+pod p16 1000 tpcs-16 --until-file "$T/run/stop-p16" --ready-file "$T/run/ready-p16" --interval-ms 50 | kubectl apply -f - >/dev/null
+pod p32 2000 tpcs-32 --until-file "$T/run/stop-p32" --ready-file "$T/run/ready-p32" --interval-ms 50 | kubectl apply -f - >/dev/null
+source "$HERE/../slurm/standin_record.sh"
+count() { [[ -z $1 ]] && echo 0 || echo $(($(tr -cd , <<<"$1" | wc -c) + 1)); }
+disjoint() {
+  [[ -n $1 && -n $2 ]] || return 1
+  local x
+  for x in ${1//,/ }; do [[ ,$2, == *,$x,* ]] && return 1; done
+}
+if wait_for 120 test -s "$T/run/ready-p16" && wait_for 60 test -s "$T/run/ready-p32"; then
+  p16=$(cat "$T/run/ready-p16") p32=$(cat "$T/run/ready-p32")
+  a=$(standin_tpcs "$T/record" "$p16" "$TPCS") b=$(standin_tpcs "$T/record" "$p32" "$TPCS")
+  [[ $(count "$a") == 16 && $(count "$b") == 32 ]] && disjoint "$a" "$b" &&
+    pass "pods of 16 and 32 TPCs run on disjoint TPCs ($a | $b)" ||
+    fail "the kernels of p16 ran on '$a', of p32 on '$b'"
+  u16=$(stat -c %u "/proc/$p16") u32=$(stat -c %u "/proc/$p32")
+  [[ $u16 == 1000 && $u32 == 2000 ]] && pass "the two pods run at once as users 1000 and 2000" ||
+    fail "the pods' users: $u16 and $u32"
+  st=$("$NV" --status --json 2>&1)
+  held=$(jq -r '[.tasks[] | .tpcs] | join(" | ")' <<<"$st" 2>/dev/null)
+  [[ $(jq '.tasks | length' <<<"$st" 2>/dev/null) -ge 2 ]] && ! grep -q '"shares_tpcs_with": \[[0-9]' <<<"$st" &&
+    pass "nvtaskset --status on the node lists the shares, none overlapping ($held)" ||
+    fail "nvtaskset --status --json: $st"
+else
+  fail "p16/p32 did not start: $(kubectl get pods -o wide 2>&1; kubectl describe pods p16 p32 2>&1 | tail -30)"
+fi
+
+# 4. 48 more TPCs than the 16 left: Pending, the scheduler says why.
+pod pbig 1000 tpcs-48 --kernels 1 | kubectl apply -f - >/dev/null
+sched() { kubectl get pod pbig -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].reason}' 2>/dev/null; }
+if wait_for 60 eval '[[ $(sched) == Unschedulable ]]'; then
+  why=$(kubectl get pod pbig -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].message}')
+  sleep 3
+  [[ $(phase pbig) == Pending && $why == *claim* ]] && pass "a claim of 48 TPCs with 16 free stays Pending: $why" ||
+    fail "pbig: phase $(phase pbig), reason: $why"
+else
+  fail "pbig is not reported unschedulable: $(kubectl describe pod pbig | tail -12)"
+fi
+
+# 5. Deleting p32 releases its 32 TPCs; then the 48 fit and pbig runs.
+touch "$T/run/stop-p32"
+kubectl delete pod p32 --wait=true --timeout=60s >/dev/null 2>&1
+released() { [[ $("$NV" --status --json | jq '[.tasks[] | select(.pid == '"${p32:-0}"')] | length') == 0 ]]; }
+listed() { "$NV" --status --json | jq '.tasks | length'; }
+if wait_for 60 released; then
+  pass "deleting pod p32 released its TPCs (--status lists $(listed) task(s))"
+else
+  fail "p32's TPCs are still held: $("$NV" --status 2>&1)"
+fi
+if wait_for 120 is_phase pbig Succeeded; then
+  pass "the pending pod ran once TPCs were free"
+else
+  fail "pbig did not run after the release: phase $(phase pbig): $(kubectl describe pod pbig | tail -10)"
+fi
+touch "$T/run/stop-p16"
+kubectl delete pod p16 pbig --wait=true --timeout=60s >/dev/null 2>&1
+wait_for 60 eval '[[ $(listed) == 0 ]]' && pass "with every pod deleted, no TPC is held" ||
+  fail "TPCs still held after every pod was deleted: $("$NV" --status 2>&1)"
+
+# 6. down: nothing left.
+if "$CLUSTER" down "$DIR"; then
+  pass "cluster.sh down stopped every process and removed $DIR"
+  DIR=""
+  "$CLUSTER" down "$NVTS_K8S_DIR" >/dev/null 2>&1 && pass "cluster.sh down a second time is harmless" ||
+    fail "cluster.sh down a second time failed"
+else
+  fail "cluster.sh down"
+  DIR=""
+fi
+finish
