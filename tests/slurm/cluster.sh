@@ -150,7 +150,17 @@ daemon() {
   shift 2
   NVTS_SLURM_HARNESS=$dir SLURM_CONF=$dir/slurm.conf \
     "${DAEMON_ENV[@]}" setsid "$@" </dev/null >>"$dir/log/$name.out" 2>&1 &
-  echo $! >"$(pidfile_of "$dir" "$name")"
+  local pid=$! deadline
+  echo "$pid" >"$(pidfile_of "$dir" "$name")"
+  # Until the fork execs, /proc/PID/environ is this shell's, without the
+  # marker, and `alive` would call the daemon dead: on a loaded machine that
+  # gap lasted long enough to fail a start. Wait for the exec (or the exit).
+  deadline=$(($(now_ms) + 5000))
+  until has_marker "$pid" "$dir"; do
+    kill -0 "$pid" 2>/dev/null || return 0
+    (($(now_ms) > deadline)) && return 0
+    sleep 0.01
+  done
 }
 
 # ----------------------------------------------------------------- bundle ---
