@@ -11,14 +11,16 @@
 # BUILD_DIR: nvtaskset's CMake build tree (bin/nvtaskset, the stand-in driver,
 # the launcher and the DRA plugin are taken from it). CACHE_DIR (default
 # $XDG_CACHE_HOME/nvtaskset-k8s or ~/.cache/nvtaskset-k8s) keeps the Go module
-# and build caches and the binaries: a second run rebuilds nothing.
+# and build caches (unless GOMODCACHE and GOCACHE are set) and the binaries: a
+# second run rebuilds nothing.
 set -uo pipefail
 HERE=$(dirname "$(readlink -f "$0")")
 BUILD=${1:?usage: ci.sh BUILD_DIR [CACHE_DIR]}
 BUILD=$(readlink -f "$BUILD")
 CACHE=${2:-${XDG_CACHE_HOME:-$HOME/.cache}/nvtaskset-k8s}
 mkdir -p "$CACHE" && CACHE=$(readlink -f "$CACHE")
-export GOMODCACHE=$CACHE/gomod GOCACHE=$CACHE/gobuild
+# (GOMODCACHE and GOCACHE set by the caller win: a machine's own caches.)
+export GOMODCACHE=${GOMODCACHE:-$CACHE/gomod} GOCACHE=${GOCACHE:-$CACHE/gobuild}
 step() { echo "ci.sh: $1: $2 s"; }
 
 t=$(date +%s)

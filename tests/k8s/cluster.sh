@@ -27,6 +27,10 @@
 #   --nvtaskset PATH   the CLI the plugin calls (NVTASKSET_CLI; default:
 #                      nvtaskset in PATH)
 #   --mps MODE         the plugin's --mps: off or multi-user (off)
+#   --nvidia-cdi-dir D where the NVIDIA Container Toolkit's CDI spec (or a
+#                      stand-in) is: containerd reads it, and the plugin
+#                      composes each share with its GPU's device there
+#                      (--nvidia-cdi=required); without it, --nvidia-cdi=off
 #   --owner PID        run `down` when process PID ends (a watchdog, so a
 #                      crashed test leaves nothing behind)
 #   --max-seconds S    run `down` after S seconds (3600); 0: never
@@ -258,6 +262,8 @@ image() {
 # ------------------------------------------------------------------- up ---
 
 write_configs() {
+  local cdi_dirs="\"$DIR/cdi\""
+  [[ -n $NVCDI ]] && cdi_dirs+=", \"$NVCDI\""
   mkdir -p "$DIR/containerd" "$DIR/cni/net.d" "$DIR/cni/bin" "$DIR/cdi" "$DIR/kubelet" "$DIR/pod-logs"
   ln -s "$BIN/loopback" "$DIR/cni/bin/loopback"
   # The pods' only network is their own loopback (no pod network here: the
@@ -291,8 +297,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 [plugins."io.containerd.cri.v1.images".pinned_images]
   sandbox = "$PAUSE_IMAGE"
 [plugins."io.containerd.cri.v1.runtime"]
-  enable_cdi = true
-  cdi_spec_dirs = ["$DIR/cdi"]
+  # (CDI is always on in containerd 2.x.)
+  cdi_spec_dirs = [$cdi_dirs]
+  # Without CAP_SYS_RESOURCE (as in a container) a negative oom_score_adj
+  # (the kubelet asks -998 for a sandbox) fails runc's init: keep them at or
+  # above containerd's own.
+  restrict_oom_score_adj = true
 [plugins."io.containerd.cri.v1.runtime".cni]
   bin_dirs = ["$DIR/cni/bin"]
   conf_dir = "$DIR/cni/net.d"
@@ -382,7 +392,7 @@ cluster_up() {
   fi
   ((${#DIR} <= 40)) || die "$DIR: path longer than 40 bytes (socket paths under it must fit)"
   chmod 0755 "$DIR"
-  mkdir -p "$DIR/run" "$DIR/log" "$DIR/tmp" "$DIR/bin" "$DIR/etcd"
+  mkdir -p "$DIR/run" "$DIR/log" "$DIR/tmp" "$DIR/bin" && mkdir -m 0700 "$DIR/etcd"
   CGROUP=$(cgroup_name "$DIR")
   echo "$CGROUP" >"$DIR/run/cgroup"
   PKI=$DIR/pki
@@ -435,7 +445,7 @@ cluster_up() {
     --authentication-kubeconfig "$DIR/kube-controller-manager.kubeconfig" --authorization-kubeconfig "$DIR/kube-controller-manager.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port 0 --leader-elect=false --use-service-account-credentials \
     --root-ca-file "$PKI/ca.crt" \
-    --controllers serviceaccount-controller,root-ca-certificate-publisher-controller,resourceclaim-controller,garbage-collector-controller \
+    --controllers serviceaccount-controller,root-ca-certificate-publisher-controller,resourceclaim-controller,garbage-collector-controller,node-lifecycle-controller \
     "$feature"
   daemon kube-scheduler "$DIR" "$BIN/kube-scheduler" --kubeconfig "$DIR/kube-scheduler.kubeconfig" \
     --authentication-kubeconfig "$DIR/kube-scheduler.kubeconfig" --authorization-kubeconfig "$DIR/kube-scheduler.kubeconfig" \
@@ -450,11 +460,49 @@ cluster_up() {
   if [[ -n $PLUGIN ]]; then
     note "DRA plugin $PLUGIN"
     mkdir -p "$DIR/dra"
-    daemon dra-plugin "$DIR" "$PLUGIN" --node-name "$NODE" --kubeconfig "$DIR/admin.kubeconfig" --nvtaskset "$NVCLI" \
+    local nvcdi=(--nvidia-cdi off)
+    [[ -n $NVCDI ]] && nvcdi=(--nvidia-cdi required --cdi-spec-dirs "$NVCDI")
+    # The plugin runs as the DaemonSet's ServiceAccount, with the RBAC of
+    # k8s/deploy: a verb missing there fails here too.
+    plugin_identity || { note "the plugin's ServiceAccount (k8s/deploy/rbac.yaml) could not be set up"; return 1; }
+    daemon dra-plugin "$DIR" "$PLUGIN" --node-name "$NODE" --kubeconfig "$DIR/dra-plugin.kubeconfig" --nvtaskset "$NVCLI" \
       --kubelet-registrar-dir "$DIR/kubelet/plugins_registry" --kubelet-plugins-dir "$DIR/kubelet/plugins" \
-      --cdi-dir "$DIR/cdi" --state-dir "$DIR/dra" --mps "$MPS"
-    wait_for "$TIMEOUT" slices_published || { note "the plugin published no ResourceSlice"; return 1; }
+      --cdi-dir "$DIR/cdi" --state-dir "$DIR/dra" --mps "$MPS" \
+      "${nvcdi[@]}"
+    local end=$(($(now_ms) + TIMEOUT * 1000))
+    until slices_published; do
+      recorded dra-plugin "$DIR" >/dev/null || { note "the plugin exited"; return 1; }
+      (($(now_ms) > end)) && { note "the plugin published no ResourceSlice in $TIMEOUT s"; return 1; }
+      sleep 0.2
+    done
   fi
+}
+
+# plugin_identity: k8s/deploy's namespace and RBAC applied, and
+# DIR/dra-plugin.kubeconfig with a token of its ServiceAccount (2 hours).
+plugin_identity() {
+  local token
+  "$DIR/bin/kubectl" apply -f "$DEPLOY/namespace.yaml" -f "$DEPLOY/rbac.yaml" >"$DIR/log/rbac.log" 2>&1 || return 1
+  wait_for "$TIMEOUT" "$DIR/bin/kubectl" -n nvtaskset-dra get serviceaccount nvtaskset-dra || return 1
+  token=$("$DIR/bin/kubectl" -n nvtaskset-dra create token nvtaskset-dra --duration 2h 2>>"$DIR/log/rbac.log") || return 1
+  cat >"$DIR/dra-plugin.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: nvts
+  cluster:
+    server: https://127.0.0.1:$API_PORT
+    certificate-authority: $PKI/ca.crt
+users:
+- name: nvtaskset-dra
+  user:
+    token: $token
+contexts:
+- name: nvts
+  context: {cluster: nvts, user: nvtaskset-dra}
+current-context: nvts
+EOF
+  chmod 0600 "$DIR/dra-plugin.kubeconfig"
 }
 
 node_ready() {
@@ -572,9 +620,10 @@ shift || true
 DIR=""
 if [[ ${1:-} != "" && ${1:-} != -* ]]; then DIR=$1; shift; fi
 BIN=${NVTS_K8S_BIN:-$HERE/components/bin}
+DEPLOY=$(readlink -f "$HERE/../../k8s/deploy")
 PLUGIN=${NVTASKSET_DRA_PLUGIN:-}
 NVCLI=${NVTASKSET_CLI:-$(command -v nvtaskset 2>/dev/null)}
-MPS=off OWNER=0 MAX_SECONDS=3600 TIMEOUT=90
+MPS=off OWNER=0 MAX_SECONDS=3600 TIMEOUT=90 NVCDI=""
 case $cmd in
   up)
     while (($#)); do
@@ -583,6 +632,7 @@ case $cmd in
         --plugin) PLUGIN=$2; shift 2 ;;
         --nvtaskset) NVCLI=$2; shift 2 ;;
         --mps) MPS=$2; shift 2 ;;
+        --nvidia-cdi-dir) NVCDI=$2; shift 2 ;;
         --owner) OWNER=$2; shift 2 ;;
         --max-seconds) MAX_SECONDS=$2; shift 2 ;;
         --timeout) TIMEOUT=$2; shift 2 ;;
@@ -593,6 +643,7 @@ case $cmd in
     [[ $OWNER =~ ^[0-9]+$ && $MAX_SECONDS =~ ^[0-9]+$ && $TIMEOUT =~ ^[0-9]+$ ]] || die "--owner, --max-seconds, --timeout take a number"
     BIN=$(readlink -f "$BIN")
     [[ -n $PLUGIN ]] && PLUGIN=$(readlink -f "$PLUGIN")
+    if [[ -n $NVCDI ]]; then [[ -d $NVCDI ]] || die "--nvidia-cdi-dir: no directory $NVCDI"; NVCDI=$(readlink -f "$NVCDI"); fi
     [[ -n $NVCLI ]] && NVCLI=$(readlink -f "$NVCLI")
     if ! cluster_up; then
       note "up failed; the logs:"

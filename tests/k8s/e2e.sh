@@ -6,11 +6,17 @@
 # with runc, and the nvtaskset DRA plugin), pods with ResourceClaims for TPCs
 # of the stand-in driver posing as one 64-TPC GPU. It checks:
 #   - a plain pod runs (the runtime, the sandbox image, the node);
-#   - the plugin's ResourceSlice: device gpu-0 with a consumable capacity tpcs;
-#   - pods claiming 16 and 32 TPCs run at once, as users 1000 and 2000, on
-#     disjoint TPCs: by the stand-in's record of their kernels' masks and by
-#     `nvtaskset --status --json` on the node;
+#   - the plugin, as the ServiceAccount of k8s/deploy/rbac.yaml, publishes
+#     its ResourceSlice: device gpu-0 with a consumable capacity tpcs;
+#   - pods claiming 16 and 32 TPCs (k8s/deploy's DeviceClass) run at once, as
+#     users 1000 and 2000, on disjoint TPCs: by the stand-in's record of their
+#     kernels' masks and by `nvtaskset --status --json` on the node. Their
+#     pod specs name no driver: the claim's CDI devices (the plugin's share
+#     and a stand-in of the NVIDIA Container Toolkit's device, composed)
+#     bring the shim and the driver;
 #   - a claim for more than is free stays Pending, with the scheduler's reason;
+#   - a claim whose share cannot be fenced (a bad opaque config) never starts
+#     its container, and the kubelet's event carries the plugin's reason;
 #   - deleting a pod releases its TPCs (status), and the pending pod then runs.
 # Ends with 'N passed, M failed'; exit status 1 on any failure.
 #
@@ -40,27 +46,39 @@ finish() {
 }
 
 NV=$BUILD/bin/nvtaskset
-FAKE=$BUILD/tests/fakecuda/libcuda.so.1
+FAKE=$BUILD/tests/fakecuda/lib/libcuda.so.1
 LAUNCHER=$BUILD/tests/e2e/launcher
 for f in "$NV" "$FAKE" "$LAUNCHER" "$PLUGIN"; do
   [[ -e $f ]] || { fail "missing $f (build the project, and the DRA plugin)"; finish; }
 done
 
-# What the plugin's nvtaskset and the pods share, at the same path on the node
-# and in the pods (a hostPath volume): the stand-in driver, its record, the
-# status directory. World-readable: the pods run as users 1000 and 2000.
+# The node's stand-in driver and its record, the status directory, and the
+# stand-in of the NVIDIA Container Toolkit's CDI spec, which brings the driver
+# into a container as the real one does (mounts and environment). Pods reach
+# only run/ by a hostPath volume (their ready and stop files).
+# World-readable: the pods run as users 1000 and 2000.
 T=$(mktemp -d /tmp/nvts-k8s-t.XXXXXX)
 chmod 0755 "$T"
-mkdir -p "$T/lib" "$T/status" "$T/cache" "$T/run"
-chmod 1777 "$T/run"
+mkdir -p "$T/lib" "$T/rec" "$T/status" "$T/cache" "$T/run" "$T/nvcdi"
+chmod 1777 "$T/run" "$T/rec"
 cp "$FAKE" "$T/lib/libcuda.so.1"
-: >"$T/record"
-chmod 0666 "$T/record"
+: >"$T/rec/record"
+chmod 0666 "$T/rec/record"
 chmod -R a+rX "$T/lib"
 TPCS=64 # the stand-in without a topology maps TPC k to mask bit k (identity)
-export NVTASKSET_REAL_LIBCUDA=$T/lib/libcuda.so.1 FAKECUDA_SM_COUNT=$((2 * TPCS)) FAKECUDA_RECORD=$T/record
+export NVTASKSET_REAL_LIBCUDA=$T/lib/libcuda.so.1 FAKECUDA_SM_COUNT=$((2 * TPCS)) FAKECUDA_RECORD=$T/rec/record
 export NVTASKSET_STATUS_DIR=$T/status XDG_CACHE_HOME=$T/cache
 unset LD_PRELOAD CUDA_VISIBLE_DEVICES
+UUID=$("$NV" --topology --json 2>/dev/null | jq -r '.devices[0].device.uuid // empty')
+[[ -n $UUID ]] || { fail "nvtaskset --topology --json names no GPU on the stand-in"; finish; }
+cat >"$T/nvcdi/nvidia.json" <<EOF
+{"cdiVersion": "0.5.0", "kind": "nvidia.com/gpu",
+ "devices": [{"name": "$UUID", "containerEdits": {
+   "env": ["NVTASKSET_REAL_LIBCUDA=$NVTASKSET_REAL_LIBCUDA", "FAKECUDA_SM_COUNT=$FAKECUDA_SM_COUNT",
+           "FAKECUDA_RECORD=$FAKECUDA_RECORD", "NVTS_TEST_NVIDIA_CDI=$UUID"],
+   "mounts": [{"hostPath": "$T/lib", "containerPath": "$T/lib", "options": ["ro", "bind"]},
+              {"hostPath": "$T/rec", "containerPath": "$T/rec", "options": ["rw", "bind"]}]}}]}
+EOF
 
 DIR=""
 cleanup() {
@@ -75,7 +93,8 @@ cleanup() {
 trap cleanup EXIT
 
 t0=$(now_ms)
-if ! env=$(NVTASKSET_DRA_PLUGIN=$PLUGIN "$CLUSTER" up --owner $$ --max-seconds 900 --nvtaskset "$NV"); then
+if ! env=$(NVTASKSET_DRA_PLUGIN=$PLUGIN "$CLUSTER" up --owner $$ --max-seconds 900 --nvtaskset "$NV" \
+  --nvidia-cdi-dir "$T/nvcdi"); then
   fail "cluster.sh up"
   finish
 fi
@@ -90,7 +109,7 @@ mkdir -p "$R/bin" "$R/tmp"
 cp /bin/busybox "$R/bin/busybox"
 for a in sh cat sleep ls id env; do ln -s busybox "$R/bin/$a"; done
 cp "$LAUNCHER" "$R/bin/launcher"
-for lib in $(ldd "$LAUNCHER" | awk '/=> \// {print $3} /^\t\/lib/ {print $1}'); do
+for lib in $(ldd "$LAUNCHER" "$BUILD/lib/nvtaskset/libcuda.so.1" | awk '/=> \// {print $3} /^\t\/lib/ {print $1}' | sort -u); do
   [[ $lib == */libcuda.so.1 ]] && continue
   mkdir -p "$R$(dirname "$lib")" && cp -L "$lib" "$R$lib"
 done
@@ -117,6 +136,8 @@ metadata: {name: $name}
 spec:
   restartPolicy: Never
   hostPID: true
+  hostNetwork: true # the node has no pod network (cluster.sh)
+  dnsPolicy: Default
   automountServiceAccountToken: false
   terminationGracePeriodSeconds: 2
   securityContext: {runAsUser: $uid, runAsGroup: $uid}
@@ -126,17 +147,19 @@ $claims
     image: $IMAGE
     imagePullPolicy: Never
     args: [${args%, }]
-    env:
-    - {name: NVTASKSET_REAL_LIBCUDA, value: "$NVTASKSET_REAL_LIBCUDA"}
-    - {name: FAKECUDA_SM_COUNT, value: "$FAKECUDA_SM_COUNT"}
-    - {name: FAKECUDA_RECORD, value: "$FAKECUDA_RECORD"}
-    - {name: NVTASKSET_STATUS_DIR, value: "$NVTASKSET_STATUS_DIR"}
 $uses
-    volumeMounts: [{name: t, mountPath: "$T"}]
-  volumes: [{name: t, hostPath: {path: "$T", type: Directory}}]
+    volumeMounts: [{name: run, mountPath: "$T/run"}]
+  volumes: [{name: run, hostPath: {path: "$T/run", type: Directory}}]
 EOF
 }
-template() { # template NAME TPCS
+template() { # template NAME TPCS [OPAQUE_PARAMETERS]
+  local config=""
+  [[ -n ${3:-} ]] && config="
+      config:
+      - requests: [gpu]
+        opaque:
+          driver: tpc.nvtaskset.dev
+          parameters: $3"
   cat <<EOF
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
@@ -149,28 +172,28 @@ spec:
         exactly:
           deviceClassName: tpc.nvtaskset.dev
           capacity:
-            requests: {tpcs: "$2"}
-EOF
-}
-# The DeviceClass that selects the plugin's devices.
-deviceclass() {
-  cat <<EOF
-apiVersion: resource.k8s.io/v1
-kind: DeviceClass
-metadata: {name: tpc.nvtaskset.dev}
-spec:
-  selectors:
-  - cel: {expression: 'device.driver == "tpc.nvtaskset.dev"'}
+            requests: {tpcs: "$2"}$config
 EOF
 }
 phase() { kubectl get pod "$1" -o jsonpath='{.status.phase}' 2>/dev/null; }
 is_phase() { [[ $(phase "$1") == "$2" ]]; }
 
-# 1. A plain pod: no claim, runs and exits; its log is the program's.
-pod plain 0 "" --print-env HOME --kernels 0 | kubectl apply -f - >/dev/null
+# 1. A plain pod: no claim (so no driver: a shell), runs and exits; its log is its output.
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: plain}
+spec:
+  restartPolicy: Never
+  hostNetwork: true
+  dnsPolicy: Default
+  automountServiceAccountToken: false
+  containers:
+  - {name: main, image: $IMAGE, imagePullPolicy: Never, command: [/bin/sh, -c, 'echo plain pod ran as \$(id -u)']}
+EOF
 if wait_for 120 is_phase plain Succeeded || wait_for 1 is_phase plain Failed; then
   log=$(kubectl logs plain 2>&1)
-  [[ $(phase plain) == Succeeded && $log == *"pid "* ]] && pass "a plain pod (no claim) ran to completion" ||
+  [[ $(phase plain) == Succeeded && $log == "plain pod ran as 0" ]] && pass "a plain pod (no claim) ran to completion" ||
     fail "the plain pod: phase $(phase plain), log: $log"
 else
   fail "the plain pod did not finish: $(kubectl describe pod plain | tail -15)"
@@ -187,7 +210,7 @@ multi=$(jq -r '[.items[].spec.devices[]? | select(.name == "gpu-0") | .allowMult
   fail "the ResourceSlice: devices '$dev', tpcs '$cap', allowMultipleAllocations '$multi'"
 
 # 3. Pods of 16 and 32 TPCs, users 1000 and 2000, at once: disjoint.
-deviceclass | kubectl apply -f - >/dev/null || fail "applying the DeviceClass"
+kubectl apply -f "$HERE/../../k8s/deploy/deviceclass.yaml" >/dev/null || fail "applying k8s/deploy/deviceclass.yaml"
 for n in 16 32 48; do template "tpcs-$n" "$n" | kubectl apply -f - >/dev/null; done
 pod p16 1000 tpcs-16 --until-file "$T/run/stop-p16" --ready-file "$T/run/ready-p16" --interval-ms 50 | kubectl apply -f - >/dev/null
 pod p32 2000 tpcs-32 --until-file "$T/run/stop-p32" --ready-file "$T/run/ready-p32" --interval-ms 50 | kubectl apply -f - >/dev/null
@@ -197,10 +220,11 @@ disjoint() {
   [[ -n $1 && -n $2 ]] || return 1
   local x
   for x in ${1//,/ }; do [[ ,$2, == *,$x,* ]] && return 1; done
+  return 0
 }
 if wait_for 120 test -s "$T/run/ready-p16" && wait_for 60 test -s "$T/run/ready-p32"; then
   p16=$(cat "$T/run/ready-p16") p32=$(cat "$T/run/ready-p32")
-  a=$(standin_tpcs "$T/record" "$p16" "$TPCS") b=$(standin_tpcs "$T/record" "$p32" "$TPCS")
+  a=$(standin_tpcs "$T/rec/record" "$p16" "$TPCS") b=$(standin_tpcs "$T/rec/record" "$p32" "$TPCS")
   [[ $(count "$a") == 16 && $(count "$b") == 32 ]] && disjoint "$a" "$b" &&
     pass "pods of 16 and 32 TPCs run on disjoint TPCs ($a | $b)" ||
     fail "the kernels of p16 ran on '$a', of p32 on '$b'"
@@ -228,7 +252,26 @@ else
   fail "pbig is not reported unschedulable: $(kubectl describe pod pbig | tail -12)"
 fi
 
-# 5. Deleting p32 releases its 32 TPCs; then the 48 fit and pbig runs.
+# 5. A share that cannot be fenced must not start as if it were: a claim of
+#    8 TPCs whose opaque config names no role nvtaskset has. The scheduler
+#    places it (it fits); the plugin's Prepare refuses it, so the kubelet
+#    never starts the container, and its event says why.
+template tpcs-bad 8 '{apiVersion: tpc.nvtaskset.dev/v1alpha1, kind: TpcConfig, role: fast}' | kubectl apply -f - >/dev/null
+pod pbad 1000 tpcs-bad --kernels 1 --ready-file "$T/run/ready-pbad" | kubectl apply -f - >/dev/null
+events() { kubectl get events --field-selector involvedObject.name=pbad -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>/dev/null; }
+if wait_for 90 eval '[[ $(events) == *FailedPrepareDynamicResources* ]]'; then
+  why=$(events | grep -m1 FailedPrepareDynamicResources)
+  sleep 2
+  started=$(kubectl get pod pbad -o jsonpath='{.status.containerStatuses[0].state.running}{.status.containerStatuses[0].state.terminated}')
+  [[ $(phase pbad) == Pending && -z $started && ! -e $T/run/ready-pbad && $why == *role* ]] &&
+    pass "a claim with a bad opaque config never starts its container: $why" ||
+    fail "pbad: phase $(phase pbad), container '$started', event: $why"
+else
+  fail "pbad: no FailedPrepareDynamicResources event: $(kubectl describe pod pbad | tail -12)"
+fi
+kubectl delete pod pbad --wait=true --timeout=60s >/dev/null 2>&1
+
+# 6. Deleting p32 releases its 32 TPCs; then the 48 fit and pbig runs.
 touch "$T/run/stop-p32"
 kubectl delete pod p32 --wait=true --timeout=60s >/dev/null 2>&1
 released() { [[ $("$NV" --status --json | jq '[.tasks[] | select(.pid == '"${p32:-0}"')] | length') == 0 ]]; }
@@ -248,7 +291,7 @@ kubectl delete pod p16 pbig --wait=true --timeout=60s >/dev/null 2>&1
 wait_for 60 eval '[[ $(listed) == 0 ]]' && pass "with every pod deleted, no TPC is held" ||
   fail "TPCs still held after every pod was deleted: $("$NV" --status 2>&1)"
 
-# 6. down: nothing left.
+# 7. down: nothing left.
 if "$CLUSTER" down "$DIR"; then
   pass "cluster.sh down stopped every process and removed $DIR"
   DIR=""
