@@ -23,7 +23,7 @@ fi
 if [[ ${1:-} == --gpu ]]; then
   shift
 else
-  mkdir -p "$tmp/status" "$tmp/cache"
+  mkdir -p "$tmp/status" "$tmp/cache" && chmod 1777 "$tmp/status" # as /dev/shm (the plugin checks)
   export NVTASKSET_REAL_LIBCUDA=$build/tests/fakecuda/lib/libcuda.so.1 FAKECUDA_SM_COUNT=128
   export NVTASKSET_STATUS_DIR=$tmp/status XDG_CACHE_HOME=$tmp/cache
 fi

@@ -13,8 +13,11 @@ namespace {
 
 // -n COUNT: the TPCs chosen for the request, avoiding those other live
 // partitions hold when enough are free.
+// `every`: the holders of every role (for a role's claim, `others` leaves
+// out the other role's tasks).
 LogicalTpcSet choose_by_count(const Request& r, const topo::DeviceInfo& dev, const topo::Topology& t,
-                              const Sharing& sh, const std::vector<Holder>& others, Notes* notes) {
+                              const Sharing& sh, const std::vector<Holder>& others, const std::vector<Holder>& every,
+                              Notes* notes) {
   const unsigned n = r.count;
   if (n > dev.tpc_count())
     throw Refusal("-n " + r.text + ": " + device_label(dev) + " has " + std::to_string(dev.tpc_count()) + " TPCs");
@@ -25,6 +28,15 @@ LogicalTpcSet choose_by_count(const Request& r, const topo::DeviceInfo& dev, con
   const LogicalTpcSet taken = held_by(others);
   req.pool.bits = req.pool.bits & ~taken.bits;
   if (auto it = sh.keep.find(dev.uuid); it != sh.keep.end()) req.keep = it->second;
+  // A role's count keeps off the other role's TPCs too while enough others
+  // are free: a best-effort floor is its TPCs minus the reservations, so a
+  // best-effort -n 16 chosen over a reservation of 8 had a floor of 8, not
+  // the 16 a Kubernetes share of 16 TPCs is (found by tests/k8s, Tier B).
+  if (sh.role != roles::Role::kNone) {
+    LogicalTpcSet apart = topo::all_tpcs(t);
+    apart.bits = apart.bits & ~held_by(every).bits;
+    if (apart.size() >= n) req.pool = apart;
+  }
   if (req.pool.size() < n) {
     std::vector<pid_t> holders;
     for (const Holder& h : others) holders.push_back(h.pid);
@@ -158,7 +170,10 @@ Partition plan_partition(const Request& r, const topo::DeviceInfo& dev, Layouts&
     }
     case RequestKind::kCount: {
       const topo::Topology& t = layouts.topology(dev);
-      p.tpcs = choose_by_count(r, dev, t, sh, others, notes);
+      const std::vector<Holder> every =
+          sh.role == roles::Role::kNone ? others
+                                        : holders_on(sh.all, dev, layouts.known_topology(dev), sh.exclude);
+      p.tpcs = choose_by_count(r, dev, t, sh, others, every, notes);
       p.enabled = topo::to_physical(t, p.tpcs);
       break;
     }

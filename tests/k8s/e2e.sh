@@ -60,7 +60,7 @@ done
 T=$(mktemp -d /tmp/nvts-k8s-t.XXXXXX)
 chmod 0755 "$T"
 mkdir -p "$T/lib" "$T/rec" "$T/status" "$T/cache" "$T/run" "$T/nvcdi"
-chmod 1777 "$T/run" "$T/rec"
+chmod 1777 "$T/run" "$T/rec" "$T/status" # status: as /dev/shm, which the plugin checks
 cp "$FAKE" "$T/lib/libcuda.so.1"
 : >"$T/rec/record"
 chmod 0666 "$T/rec/record"
@@ -135,7 +135,7 @@ kind: Pod
 metadata: {name: $name}
 spec:
   restartPolicy: Never
-  hostPID: true
+  hostPID: ${HOSTPID:-true}
   hostNetwork: true # the node has no pod network (cluster.sh)
   dnsPolicy: Default
   automountServiceAccountToken: false
@@ -216,6 +216,15 @@ pod p16 1000 tpcs-16 --until-file "$T/run/stop-p16" --ready-file "$T/run/ready-p
 pod p32 2000 tpcs-32 --until-file "$T/run/stop-p32" --ready-file "$T/run/ready-p32" --interval-ms 50 | kubectl apply -f - >/dev/null
 source "$HERE/../slurm/standin_record.sh"
 count() { [[ -z $1 ]] && echo 0 || echo $(($(tr -cd , <<<"$1" | wc -c) + 1)); }
+# expand LIST: "0-2,5" as "0,1,2,5".
+expand() {
+  local out="" r a b
+  for r in ${1//,/ }; do
+    a=${r%-*} b=${r#*-}
+    for ((; a <= b; a++)); do out+="$a,"; done
+  done
+  echo "${out%,}"
+}
 disjoint() {
   [[ -n $1 && -n $2 ]] || return 1
   local x
@@ -291,7 +300,51 @@ kubectl delete pod p16 pbig --wait=true --timeout=60s >/dev/null 2>&1
 wait_for 60 eval '[[ $(listed) == 0 ]]' && pass "with every pod deleted, no TPC is held" ||
   fail "TPCs still held after every pod was deleted: $("$NV" --status 2>&1)"
 
-# 7. down: nothing left.
+# 7. Roles: a latency-critical share of 8 TPCs and a best-effort share of
+#    16, each in a pod that shares the node's PID namespace. Both run; the
+#    node's --status shows each share's role; the LC task's beacon (what BE
+#    tasks make way for) is named by its node PID, which is why role shares
+#    need hostPID: a role share for a pod without it is refused.
+role() { echo "{apiVersion: tpc.nvtaskset.dev/v1alpha1, kind: TpcConfig, role: $1}"; }
+template tpcs-lc 8 "$(role latency-critical)" | kubectl apply -f - >/dev/null
+template tpcs-be 16 "$(role best-effort)" | kubectl apply -f - >/dev/null
+pod lc 1000 tpcs-lc --until-file "$T/run/stop-lc" --ready-file "$T/run/ready-lc" --interval-ms 50 | kubectl apply -f - >/dev/null
+pod be 2000 tpcs-be --until-file "$T/run/stop-be" --ready-file "$T/run/ready-be" --interval-ms 50 | kubectl apply -f - >/dev/null
+if wait_for 120 test -s "$T/run/ready-lc" && wait_for 60 test -s "$T/run/ready-be"; then
+  plc=$(cat "$T/run/ready-lc") pbe=$(cat "$T/run/ready-be")
+  st=$("$NV" --status --json)
+  role_of() { jq -r --argjson p "$1" '[.tasks[] | select(.pid == $p) | .role] | first // "none"' <<<"$st"; }
+  [[ $(role_of "$plc") == latency-critical && $(role_of "$pbe") == best-effort ]] &&
+    pass "the LC and BE pods run; --status shows their tasks' roles" ||
+    fail "roles in --status: pid $plc $(role_of "$plc"), pid $pbe $(role_of "$pbe"): $("$NV" --status 2>&1)"
+  # The BE share's floor is all its 16 TPCs: none of them is reserved.
+  lct=$(expand "$(jq -r --argjson p "$plc" '[.tasks[] | select(.pid == $p) | .tpcs] | first' <<<"$st")")
+  bet=$(expand "$(jq -r --argjson p "$pbe" '[.tasks[] | select(.pid == $p) | .tpcs] | first' <<<"$st")")
+  [[ $(count "$lct") == 8 && $(count "$bet") == 16 ]] && disjoint "$lct" "$bet" &&
+    pass "the BE share's 16 TPCs lie off the LC share's reservation ($bet | $lct)" ||
+    fail "the LC share holds '$lct', the BE share '$bet'"
+  beacon=$(ls "$NVTASKSET_STATUS_DIR" | grep -c "^nvtaskset-beacon\.$plc\.")
+  ((beacon == 1)) && pass "the LC pod's task (node pid $plc) keeps a beacon in the node's status directory" ||
+    fail "no beacon of pid $plc in $NVTASKSET_STATUS_DIR: $(ls "$NVTASKSET_STATUS_DIR"); its environment: $(tr '\0' ' ' <"/proc/$plc/environ"); its status dir: $(ls -la "/proc/$plc/root$NVTASKSET_STATUS_DIR" /proc/$plc/root/dev/shm 2>&1); $(kubectl logs lc 2>&1 | tail -5)"
+else
+  fail "the LC/BE pods did not start: $(kubectl get pods 2>&1; kubectl describe pods lc be 2>&1 | tail -20)"
+fi
+touch "$T/run/stop-lc" "$T/run/stop-be"
+HOSTPID=false pod lcnopid 1000 tpcs-lc --kernels 1 --ready-file "$T/run/ready-lcnopid" | kubectl apply -f - >/dev/null
+events() { kubectl get events --field-selector involvedObject.name=lcnopid -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>/dev/null; }
+if wait_for 90 eval '[[ $(events) == *FailedPrepareDynamicResources* ]]'; then
+  why=$(events | grep -m1 FailedPrepareDynamicResources)
+  [[ $(phase lcnopid) == Pending && ! -e $T/run/ready-lcnopid && $why == *hostPID* ]] &&
+    pass "a role share for a pod without hostPID is refused: ${why#*tpc.nvtaskset.dev: }" ||
+    fail "lcnopid: phase $(phase lcnopid), event: $why"
+else
+  fail "lcnopid: no FailedPrepareDynamicResources event: $(kubectl describe pod lcnopid | tail -12)"
+fi
+kubectl delete pod lc be lcnopid --wait=true --timeout=60s >/dev/null 2>&1
+wait_for 60 eval '[[ $(listed) == 0 ]]' && pass "with the role pods deleted, no TPC is held" ||
+  fail "TPCs still held after the role pods were deleted: $("$NV" --status 2>&1)"
+
+# 8. down: nothing left.
 if "$CLUSTER" down "$DIR"; then
   pass "cluster.sh down stopped every process and removed $DIR"
   DIR=""

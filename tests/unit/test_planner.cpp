@@ -183,6 +183,31 @@ TEST_F(PlannerTest, CountBeyondTheFreeTpcsSharesOrIsRefusedWhenExclusive) {
   EXPECT_EQ(notes.warnings[0], "-n 8: only 6 of 66 TPCs of device 0 are free (held by pid 100); sharing TPCs with them");
 }
 
+// A role's -n keeps off the other role's TPCs while enough others are
+// free (a best-effort floor is its TPCs minus the reservations), and
+// overlaps them only when it must: a best-effort task may borrow a
+// reservation, and a reservation may take a best-effort task's TPCs.
+TEST_F(PlannerTest, RoleCountKeepsOffTheOtherRoleWhileEnoughIsFree) {
+  const LogicalTpcSet lc = gpc_tpcs(0), be = gpc_tpcs(1);
+  const std::vector<ctl::StatusEntry> all{holding(100, gpu.uuid, lc, roles::Role::kLatencyCritical),
+                                          holding(200, gpu.uuid, be, roles::Role::kBestEffort)};
+  const unsigned total = gpu.tpc_count(), free = total - lc.size() - be.size();
+  for (const roles::Role role : {roles::Role::kBestEffort, roles::Role::kLatencyCritical}) {
+    SCOPED_TRACE(roles::role_name(role));
+    const LogicalTpcSet other = role == roles::Role::kBestEffort ? lc : be;
+    const Partition p = plan(RequestKind::kCount, std::to_string(free), with(all, false, role));
+    EXPECT_EQ(p.tpcs.size(), free);
+    EXPECT_TRUE((p.tpcs.bits & (lc.bits | be.bits)).none()) << format_list(p.tpcs.bits);
+    // One more than that: the other role's TPCs are taken (its own role's never).
+    const Partition q = plan(RequestKind::kCount, std::to_string(free + 1), with(all, false, role));
+    EXPECT_EQ(q.tpcs.size(), free + 1);
+    EXPECT_TRUE((q.tpcs.bits & (role == roles::Role::kBestEffort ? be.bits : lc.bits)).none());
+    EXPECT_FALSE((q.tpcs.bits & other.bits).none()) << format_list(q.tpcs.bits);
+  }
+  // Without a role, either kind of task is held.
+  EXPECT_TRUE((plan(RequestKind::kCount, std::to_string(free), with(all)).tpcs.bits & (lc.bits | be.bits)).none());
+}
+
 TEST_F(PlannerTest, ExclusiveRefusesSharedTpcsAndOthersAreWarned) {
   const std::vector<ctl::StatusEntry> status{holding(100, gpu.uuid, tpc_set({2, 9}))};
   EXPECT_EQ(refusal(RequestKind::kTpcList, "0-3", with(status, true)),

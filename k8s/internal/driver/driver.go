@@ -88,6 +88,32 @@ var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
 
 // New loads the checkpoint, adopts the claims it lists (or, after a
 // reboot, drops them), stops holders nothing lists, and finds the GPUs.
+// CheckStatusDir refuses a status directory that the tasks of role shares
+// cannot write: they run as the pods' users, and each creates its status
+// entry and (latency-critical) its beacon there; without them a share runs
+// without its role (best-effort tasks do not make way). So it must be as
+// /dev/shm is: a directory everyone may write, with the sticky bit.
+func CheckStatusDir(dir string) error {
+	st, err := os.Stat(dir)
+	if err != nil {
+		return fmt.Errorf("--status-dir: %w", err)
+	}
+	if !st.IsDir() {
+		return fmt.Errorf("--status-dir %s: not a directory", dir)
+	}
+	if m := st.Mode(); m&0o002 == 0 || m&os.ModeSticky == 0 {
+		return fmt.Errorf("--status-dir %s: mode %04o; the pods of role shares run as any user and create their entries there: use a directory of mode 1777, as /dev/shm", dir, m.Perm()|stickyBits(m))
+	}
+	return nil
+}
+
+func stickyBits(m os.FileMode) os.FileMode {
+	if m&os.ModeSticky != 0 {
+		return 0o1000
+	}
+	return 0
+}
+
 func New(ctx context.Context, opts Options) (*Driver, error) {
 	if opts.DefaultTPCs <= 0 {
 		opts.DefaultTPCs = DefaultTPCs
@@ -104,6 +130,9 @@ func New(ctx context.Context, opts Options) (*Driver, error) {
 			return nil, err
 		}
 		opts.HolderExe = exe
+	}
+	if err := CheckStatusDir(opts.StatusDir); err != nil {
+		return nil, err
 	}
 	if err := os.MkdirAll(opts.StateDir, 0o700); err != nil {
 		return nil, err

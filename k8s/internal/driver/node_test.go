@@ -109,6 +109,7 @@ func newNodeCDI(t *testing.T, tpcs int, systemCDI bool) *node {
 		}
 	}
 	os.Chmod(filepath.Join(dir, "rec"), 0o777)
+	os.Chmod(filepath.Join(dir, "status"), 0o777|os.ModeSticky) // as /dev/shm (CheckStatusDir)
 	n.record = filepath.Join(dir, "rec", "record")
 	n.nvCDIDir, n.cdiDir = filepath.Join(dir, "nvidia-cdi"), filepath.Join(dir, "cdi")
 	n.nvSpec = "nvidia.json"
