@@ -15,6 +15,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 
 #include "nvtaskset/control_region.hpp"
 #include "nvtaskset/proc.hpp"
@@ -97,6 +98,22 @@ bool read_slot(const BeaconDevice& d, DeviceView& v, bool& in_use) noexcept {
   });
 }
 
+// read_slot, waiting out a writer that the scheduler stopped half-way: its
+// slot stays odd for as long as it is off the CPU (milliseconds on a loaded
+// machine), far longer than read_slot's tries, and an unreadable slot counts
+// as reserved everywhere, which leaves a best-effort task no floor (it ran on
+// its whole partition: a CI run under ASan). Up to 50 ms, 20 us apart; only
+// a slot a dead writer left odd stays unreadable.
+bool read_slot_patiently(const BeaconDevice& d, DeviceView& v, bool& in_use) noexcept {
+  constexpr int kRounds = 2500;
+  for (int i = 0; i < kRounds; ++i) {
+    if (read_slot(d, v, in_use)) return true;
+    const timespec pause{0, 20'000};
+    ::nanosleep(&pause, nullptr);
+  }
+  return false;
+}
+
 }  // namespace
 
 bool read_devices(const Beacon& b, std::vector<DeviceView>& out) {
@@ -104,7 +121,7 @@ bool read_devices(const Beacon& b, std::vector<DeviceView>& out) {
   for (const BeaconDevice& d : b.devices) {
     DeviceView v;
     bool in_use = false;
-    if (!read_slot(d, v, in_use)) return false;
+    if (!read_slot_patiently(d, v, in_use)) return false;
     if (in_use) out.push_back(v);
   }
   return true;
@@ -120,7 +137,7 @@ Bits128 claimed_on(const Beacon& b, const std::uint8_t (&uuid)[16], Pick pick) n
     bool in_use = false;
     // An unreadable slot may be this GPU's: take nothing of it is wrong in
     // the unsafe direction (a BE kernel on the LC's TPCs); take all of it.
-    if (!read_slot(d, v, in_use)) return Bits128{~0ull, ~0ull};
+    if (!read_slot_patiently(d, v, in_use)) return Bits128{~0ull, ~0ull};
     if (!in_use) continue;
     const bool any = v.uuid == kAnyDevice;
     if (any || std::memcmp(v.uuid.data(), uuid, 16) == 0) r = r | pick(v);
