@@ -15,6 +15,8 @@
 #   cluster.sh env DIR             print the shell lines again
 #   cluster.sh status DIR          which recorded processes are alive
 #   cluster.sh logs DIR [N]        the last N (40) lines of every log
+#   cluster.sh plugin-restart DIR  stop the DRA plugin (TERM) and start it again,
+#                                  as a DaemonSet's rolling update does
 #   cluster.sh image DIR NAME ROOTFS ENTRYPOINT...
 #                                  make an OCI image of directory ROOTFS and
 #                                  import it into the node's containerd
@@ -465,10 +467,10 @@ cluster_up() {
     # The plugin runs as the DaemonSet's ServiceAccount, with the RBAC of
     # k8s/deploy: a verb missing there fails here too.
     plugin_identity || { note "the plugin's ServiceAccount (k8s/deploy/rbac.yaml) could not be set up"; return 1; }
-    daemon dra-plugin "$DIR" "$PLUGIN" --node-name "$NODE" --kubeconfig "$DIR/dra-plugin.kubeconfig" --nvtaskset "$NVCLI" \
+    printf '%s\0' "$PLUGIN" --node-name "$NODE" --kubeconfig "$DIR/dra-plugin.kubeconfig" --nvtaskset "$NVCLI" \
       --kubelet-registrar-dir "$DIR/kubelet/plugins_registry" --kubelet-plugins-dir "$DIR/kubelet/plugins" \
-      --cdi-dir "$DIR/cdi" --state-dir "$DIR/dra" --mps "$MPS" \
-      "${nvcdi[@]}"
+      --cdi-dir "$DIR/cdi" --state-dir "$DIR/dra" --mps "$MPS" "${nvcdi[@]}" >"$DIR/run/dra-plugin.argv"
+    start_plugin
     local end=$(($(now_ms) + TIMEOUT * 1000))
     until slices_published; do
       recorded dra-plugin "$DIR" >/dev/null || { note "the plugin exited"; return 1; }
@@ -476,6 +478,29 @@ cluster_up() {
       sleep 0.2
     done
   fi
+}
+
+# start_plugin: the plugin, with the arguments `up` chose (DIR/run/dra-plugin.argv).
+start_plugin() {
+  local argv
+  mapfile -d '' -t argv <"$DIR/run/dra-plugin.argv"
+  daemon dra-plugin "$DIR" "${argv[@]}"
+}
+
+# plugin_restart: the plugin stopped (TERM) and started again, as a DaemonSet
+# rolls it; done once it is serving its registration socket again.
+plugin_restart() {
+  local sock=$DIR/kubelet/plugins_registry/tpc.nvtaskset.dev-reg.sock end
+  [[ -s $DIR/run/dra-plugin.argv ]] || die "plugin-restart: this cluster runs no plugin"
+  stop_one dra-plugin "$DIR" 10
+  rm -f "$sock"
+  start_plugin
+  end=$(($(now_ms) + TIMEOUT * 1000))
+  until [[ -S $sock ]]; do
+    recorded dra-plugin "$DIR" >/dev/null || die "plugin-restart: the plugin exited: $(tail -3 "$DIR/log/dra-plugin.log")"
+    (($(now_ms) > end)) && die "plugin-restart: no registration socket after $TIMEOUT s"
+    sleep 0.1
+  done
 }
 
 # plugin_identity: k8s/deploy's namespace and RBAC applied, and
@@ -657,6 +682,7 @@ case $cmd in
   env) [[ -d $DIR/run ]] || die "env: no cluster in '$DIR'"; print_env "$(readlink -f "$DIR")" ;;
   status) [[ -d $DIR/run ]] || die "status: no cluster in '$DIR'"; cluster_status ;;
   logs) [[ -d $DIR/log ]] || die "logs: no cluster in '$DIR'"; tail_logs "${1:-40}" ;;
+  plugin-restart) [[ -d $DIR/run ]] || die "plugin-restart: no cluster in '$DIR'"; plugin_restart ;;
   image) [[ -d $DIR/run ]] || die "image: no cluster in '$DIR'"; (($# >= 3)) || die "image DIR NAME ROOTFS ENTRYPOINT..."; image "$DIR" "$@" ;;
-  *) die "usage: $PROG up [DIR] [options] | down [DIR] | env DIR | status DIR | logs DIR [N] | image DIR NAME ROOTFS ENTRYPOINT..." ;;
+  *) die "usage: $PROG up [DIR] [options] | down [DIR] | env DIR | status DIR | logs DIR [N] | plugin-restart DIR | image DIR NAME ROOTFS ENTRYPOINT..." ;;
 esac

@@ -249,6 +249,21 @@ else
   fail "p16/p32 did not start: $(kubectl get pods -o wide 2>&1; kubectl describe pods p16 p32 2>&1 | tail -30)"
 fi
 
+# 3b. The plugin restarts (as a DaemonSet's rolling update restarts it)
+#     while p16 and p32 run: it adopts their holders, their TPCs stay held,
+#     and the kubelet registers it again; the claims below are all prepared
+#     by the restarted plugin.
+before=$("$NV" --status --json | jq -c '[.tasks[] | select(.command | startswith("tpc.nvtaskset.dev")) | [.pid, .tpcs]] | sort')
+if "$CLUSTER" plugin-restart "$DIR"; then
+  sleep 2
+  after=$("$NV" --status --json | jq -c '[.tasks[] | select(.command | startswith("tpc.nvtaskset.dev")) | [.pid, .tpcs]] | sort')
+  [[ $before == "$after" && $before != "[]" && $(phase p16) == Running && $(phase p32) == Running ]] &&
+    pass "the plugin restarted while p16 and p32 ran: their holders and TPCs are unchanged ($after)" ||
+    fail "across the plugin's restart: shares $before -> $after, p16 $(phase p16), p32 $(phase p32)"
+else
+  fail "cluster.sh plugin-restart"
+fi
+
 # 4. 48 more TPCs than the 16 left: Pending, the scheduler says why.
 pod pbig 1000 tpcs-48 --kernels 1 | kubectl apply -f - >/dev/null
 sched() { kubectl get pod pbig -o jsonpath='{.status.conditions[?(@.type=="PodScheduled")].reason}' 2>/dev/null; }
