@@ -206,8 +206,12 @@ subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:$NODE" &&
     openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
 }
 
-# kubeconfig NAME: DIR/NAME.kubeconfig for the client certificate NAME.
+# kubeconfig NAME [TOKEN]: DIR/NAME.kubeconfig for the client certificate
+# NAME, or for the bearer TOKEN.
 kubeconfig() {
+  local cred="client-certificate: $PKI/$1.crt
+    client-key: $PKI/$1.key"
+  [[ -n ${2:-} ]] && cred="token: $2"
   cat >"$DIR/$1.kubeconfig" <<EOF
 apiVersion: v1
 kind: Config
@@ -219,8 +223,7 @@ clusters:
 users:
 - name: $1
   user:
-    client-certificate: $PKI/$1.crt
-    client-key: $PKI/$1.key
+    $cred
 contexts:
 - name: nvts
   context: {cluster: nvts, user: $1}
@@ -510,24 +513,7 @@ plugin_identity() {
   "$DIR/bin/kubectl" apply -f "$DEPLOY/namespace.yaml" -f "$DEPLOY/rbac.yaml" >"$DIR/log/rbac.log" 2>&1 || return 1
   wait_for "$TIMEOUT" "$DIR/bin/kubectl" -n nvtaskset-dra get serviceaccount nvtaskset-dra || return 1
   token=$("$DIR/bin/kubectl" -n nvtaskset-dra create token nvtaskset-dra --duration 2h 2>>"$DIR/log/rbac.log") || return 1
-  cat >"$DIR/dra-plugin.kubeconfig" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: nvts
-  cluster:
-    server: https://127.0.0.1:$API_PORT
-    certificate-authority: $PKI/ca.crt
-users:
-- name: nvtaskset-dra
-  user:
-    token: $token
-contexts:
-- name: nvts
-  context: {cluster: nvts, user: nvtaskset-dra}
-current-context: nvts
-EOF
-  chmod 0600 "$DIR/dra-plugin.kubeconfig"
+  kubeconfig dra-plugin "$token"
 }
 
 node_ready() {
