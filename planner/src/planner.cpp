@@ -13,10 +13,10 @@ namespace {
 
 // -n COUNT: the TPCs chosen for the request, avoiding those other live
 // partitions hold when enough are free.
-// `every`: the holders of every role (for a role's claim, `others` leaves
-// out the other role's tasks).
+// `all_held`: for a role's claim, what every task holds, the other role's
+// included (`others` leaves those out).
 LogicalTpcSet choose_by_count(const Request& r, const topo::DeviceInfo& dev, const topo::Topology& t,
-                              const Sharing& sh, const std::vector<Holder>& others, const std::vector<Holder>& every,
+                              const Sharing& sh, const std::vector<Holder>& others, const LogicalTpcSet& all_held,
                               Notes* notes) {
   const unsigned n = r.count;
   if (n > dev.tpc_count())
@@ -34,7 +34,7 @@ LogicalTpcSet choose_by_count(const Request& r, const topo::DeviceInfo& dev, con
   // the 16 a Kubernetes share of 16 TPCs is (found by tests/k8s, Tier B).
   if (sh.role != roles::Role::kNone) {
     LogicalTpcSet apart = topo::all_tpcs(t);
-    apart.bits = apart.bits & ~held_by(every).bits;
+    apart.bits = apart.bits & ~all_held.bits;
     if (apart.size() >= n) req.pool = apart;
   }
   if (req.pool.size() < n) {
@@ -170,10 +170,10 @@ Partition plan_partition(const Request& r, const topo::DeviceInfo& dev, Layouts&
     }
     case RequestKind::kCount: {
       const topo::Topology& t = layouts.topology(dev);
-      const std::vector<Holder> every =
-          sh.role == roles::Role::kNone ? others
-                                        : holders_on(sh.all, dev, layouts.known_topology(dev), sh.exclude);
-      p.tpcs = choose_by_count(r, dev, t, sh, others, every, notes);
+      const LogicalTpcSet all_held = sh.role == roles::Role::kNone
+                                         ? LogicalTpcSet{}
+                                         : held_by(holders_on(sh.all, dev, layouts.known_topology(dev), sh.exclude));
+      p.tpcs = choose_by_count(r, dev, t, sh, others, all_held, notes);
       p.enabled = topo::to_physical(t, p.tpcs);
       break;
     }

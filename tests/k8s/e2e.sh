@@ -177,6 +177,23 @@ EOF
 }
 phase() { kubectl get pod "$1" -o jsonpath='{.status.phase}' 2>/dev/null; }
 is_phase() { [[ $(phase "$1") == "$2" ]]; }
+# prepare_failure POD: the kubelet's first FailedPrepareDynamicResources event of POD.
+prepare_failure() {
+  kubectl get events --field-selector "involvedObject.name=$1" \
+    -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>/dev/null | grep -m1 FailedPrepareDynamicResources
+}
+# kept_of POD: what the plugin keeps of POD's claim: a holder in --status, a
+# CDI spec or checkpoint naming its UID (nothing, after a failed Prepare).
+kept_of() {
+  local uid
+  uid=$(kubectl get resourceclaims -o json |
+    jq -r --arg p "$1" '.items[] | select(any(.metadata.ownerReferences[]?; .name == $p)) | .metadata.uid')
+  [[ -n $uid ]] || { echo "no claim of pod $1"; return; }
+  "$NV" --status --json | jq -r --arg c "pod default/$1 claim" '.tasks[] | select(.command | contains($c)) | "holder \(.pid)"'
+  grep -l -- "$uid" "$DIR"/cdi/* "$DIR"/dra/* 2>/dev/null
+}
+# holders: the shares' holders in --status, [pid, TPCs] each.
+holders() { "$NV" --status --json | jq -c '[.tasks[] | select(.command | startswith("tpc.nvtaskset.dev")) | [.pid, .tpcs]] | sort'; }
 
 # 1. A plain pod: no claim (so no driver: a shell), runs and exits; its log is its output.
 kubectl apply -f - >/dev/null <<EOF
@@ -253,10 +270,10 @@ fi
 #     while p16 and p32 run: it adopts their holders, their TPCs stay held,
 #     and the kubelet registers it again; the claims below are all prepared
 #     by the restarted plugin.
-before=$("$NV" --status --json | jq -c '[.tasks[] | select(.command | startswith("tpc.nvtaskset.dev")) | [.pid, .tpcs]] | sort')
+before=$(holders)
 if "$CLUSTER" plugin-restart "$DIR"; then
   sleep 2
-  after=$("$NV" --status --json | jq -c '[.tasks[] | select(.command | startswith("tpc.nvtaskset.dev")) | [.pid, .tpcs]] | sort')
+  after=$(holders)
   [[ $before == "$after" && $before != "[]" && $(phase p16) == Running && $(phase p32) == Running ]] &&
     pass "the plugin restarted while p16 and p32 ran: their holders and TPCs are unchanged ($after)" ||
     fail "across the plugin's restart: shares $before -> $after, p16 $(phase p16), p32 $(phase p32)"
@@ -278,18 +295,19 @@ fi
 
 # 5. A share that cannot be fenced must not start as if it were: a claim of
 #    8 TPCs whose opaque config names no role nvtaskset has. The scheduler
-#    places it (it fits); the plugin's Prepare refuses it, so the kubelet
-#    never starts the container, and its event says why.
+#    places it (it fits); the plugin's Prepare refuses it, keeping nothing
+#    of the claim, so the kubelet never starts the container, and its event
+#    says why.
 template tpcs-bad 8 '{apiVersion: tpc.nvtaskset.dev/v1alpha1, kind: TpcConfig, role: fast}' | kubectl apply -f - >/dev/null
 pod pbad 1000 tpcs-bad --kernels 1 --ready-file "$T/run/ready-pbad" | kubectl apply -f - >/dev/null
-events() { kubectl get events --field-selector involvedObject.name=pbad -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>/dev/null; }
-if wait_for 90 eval '[[ $(events) == *FailedPrepareDynamicResources* ]]'; then
-  why=$(events | grep -m1 FailedPrepareDynamicResources)
+if wait_for 90 prepare_failure pbad; then
+  why=$(prepare_failure pbad)
   sleep 2
   started=$(kubectl get pod pbad -o jsonpath='{.status.containerStatuses[0].state.running}{.status.containerStatuses[0].state.terminated}')
-  [[ $(phase pbad) == Pending && -z $started && ! -e $T/run/ready-pbad && $why == *role* ]] &&
-    pass "a claim with a bad opaque config never starts its container: $why" ||
-    fail "pbad: phase $(phase pbad), container '$started', event: $why"
+  kept=$(kept_of pbad)
+  [[ $(phase pbad) == Pending && -z $started && ! -e $T/run/ready-pbad && $why == *role* && -z $kept ]] &&
+    pass "a claim with a bad opaque config never starts its container, and nothing of it is kept: $why" ||
+    fail "pbad: phase $(phase pbad), container '$started', kept '$kept', event: $why"
 else
   fail "pbad: no FailedPrepareDynamicResources event: $(kubectl describe pod pbad | tail -12)"
 fi
@@ -328,30 +346,30 @@ pod be 2000 tpcs-be --until-file "$T/run/stop-be" --ready-file "$T/run/ready-be"
 if wait_for 120 test -s "$T/run/ready-lc" && wait_for 60 test -s "$T/run/ready-be"; then
   plc=$(cat "$T/run/ready-lc") pbe=$(cat "$T/run/ready-be")
   st=$("$NV" --status --json)
-  role_of() { jq -r --argjson p "$1" '[.tasks[] | select(.pid == $p) | .role] | first // "none"' <<<"$st"; }
-  [[ $(role_of "$plc") == latency-critical && $(role_of "$pbe") == best-effort ]] &&
+  # task PID FIELD: that field of task PID in $st.
+  task() { jq -r --argjson p "$1" --arg f "$2" '[.tasks[] | select(.pid == $p) | .[$f]] | first // "none"' <<<"$st"; }
+  [[ $(task "$plc" role) == latency-critical && $(task "$pbe" role) == best-effort ]] &&
     pass "the LC and BE pods run; --status shows their tasks' roles" ||
-    fail "roles in --status: pid $plc $(role_of "$plc"), pid $pbe $(role_of "$pbe"): $("$NV" --status 2>&1)"
+    fail "roles in --status: pid $plc $(task "$plc" role), pid $pbe $(task "$pbe" role): $("$NV" --status 2>&1)"
   # The BE share's floor is all its 16 TPCs: none of them is reserved.
-  lct=$(expand "$(jq -r --argjson p "$plc" '[.tasks[] | select(.pid == $p) | .tpcs] | first' <<<"$st")")
-  bet=$(expand "$(jq -r --argjson p "$pbe" '[.tasks[] | select(.pid == $p) | .tpcs] | first' <<<"$st")")
+  lct=$(expand "$(task "$plc" tpcs)") bet=$(expand "$(task "$pbe" tpcs)")
   [[ $(count "$lct") == 8 && $(count "$bet") == 16 ]] && disjoint "$lct" "$bet" &&
     pass "the BE share's 16 TPCs lie off the LC share's reservation ($bet | $lct)" ||
     fail "the LC share holds '$lct', the BE share '$bet'"
   beacon=$(ls "$NVTASKSET_STATUS_DIR" | grep -c "^nvtaskset-beacon\.$plc\.")
   ((beacon == 1)) && pass "the LC pod's task (node pid $plc) keeps a beacon in the node's status directory" ||
-    fail "no beacon of pid $plc in $NVTASKSET_STATUS_DIR: $(ls "$NVTASKSET_STATUS_DIR"); its environment: $(tr '\0' ' ' <"/proc/$plc/environ"); its status dir: $(ls -la "/proc/$plc/root$NVTASKSET_STATUS_DIR" /proc/$plc/root/dev/shm 2>&1); $(kubectl logs lc 2>&1 | tail -5)"
+    fail "no beacon of pid $plc in $NVTASKSET_STATUS_DIR: $(ls "$NVTASKSET_STATUS_DIR"); its log: $(kubectl logs lc 2>&1 | tail -3)"
 else
   fail "the LC/BE pods did not start: $(kubectl get pods 2>&1; kubectl describe pods lc be 2>&1 | tail -20)"
 fi
 touch "$T/run/stop-lc" "$T/run/stop-be"
 HOSTPID=false pod lcnopid 1000 tpcs-lc --kernels 1 --ready-file "$T/run/ready-lcnopid" | kubectl apply -f - >/dev/null
-events() { kubectl get events --field-selector involvedObject.name=lcnopid -o jsonpath='{range .items[*]}{.reason}: {.message}{"\n"}{end}' 2>/dev/null; }
-if wait_for 90 eval '[[ $(events) == *FailedPrepareDynamicResources* ]]'; then
-  why=$(events | grep -m1 FailedPrepareDynamicResources)
-  [[ $(phase lcnopid) == Pending && ! -e $T/run/ready-lcnopid && $why == *hostPID* ]] &&
-    pass "a role share for a pod without hostPID is refused: ${why#*tpc.nvtaskset.dev: }" ||
-    fail "lcnopid: phase $(phase lcnopid), event: $why"
+if wait_for 90 prepare_failure lcnopid; then
+  why=$(prepare_failure lcnopid)
+  kept=$(kept_of lcnopid)
+  [[ $(phase lcnopid) == Pending && ! -e $T/run/ready-lcnopid && $why == *hostPID* && -z $kept ]] &&
+    pass "a role share for a pod without hostPID is refused, nothing of it kept: ${why#*tpc.nvtaskset.dev: }" ||
+    fail "lcnopid: phase $(phase lcnopid), kept '$kept', event: $why"
 else
   fail "lcnopid: no FailedPrepareDynamicResources event: $(kubectl describe pod lcnopid | tail -12)"
 fi

@@ -86,8 +86,6 @@ type Driver struct {
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
 
-// New loads the checkpoint, adopts the claims it lists (or, after a
-// reboot, drops them), stops holders nothing lists, and finds the GPUs.
 // CheckStatusDir refuses a status directory that the tasks of role shares
 // cannot write: they run as the pods' users, and each creates its status
 // entry and (latency-critical) its beacon there; without them a share runs
@@ -102,18 +100,17 @@ func CheckStatusDir(dir string) error {
 		return fmt.Errorf("--status-dir %s: not a directory", dir)
 	}
 	if m := st.Mode(); m&0o002 == 0 || m&os.ModeSticky == 0 {
-		return fmt.Errorf("--status-dir %s: mode %04o; the pods of role shares run as any user and create their entries there: use a directory of mode 1777, as /dev/shm", dir, m.Perm()|stickyBits(m))
+		octal := m.Perm()
+		if m&os.ModeSticky != 0 {
+			octal |= 0o1000
+		}
+		return fmt.Errorf("--status-dir %s: mode %04o; the pods of role shares run as any user and create their entries there: use a directory of mode 1777, as /dev/shm", dir, octal)
 	}
 	return nil
 }
 
-func stickyBits(m os.FileMode) os.FileMode {
-	if m&os.ModeSticky != 0 {
-		return 0o1000
-	}
-	return 0
-}
-
+// New loads the checkpoint, adopts the claims it lists (or, after a
+// reboot, drops them), stops holders nothing lists, and finds the GPUs.
 func New(ctx context.Context, opts Options) (*Driver, error) {
 	if opts.DefaultTPCs <= 0 {
 		opts.DefaultTPCs = DefaultTPCs
