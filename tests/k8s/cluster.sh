@@ -144,28 +144,9 @@ stop_one() {
 
 # ----------------------------------------------------------------- ports ---
 
-# used_ports: every local TCP port in use, in any state (from /proc).
-used_ports() {
-  local f h
-  for f in /proc/net/tcp /proc/net/tcp6; do
-    [[ -r $f ]] || continue
-    awk 'NR > 1 { split($2, a, ":"); print a[2] }' "$f" |
-      while read -r h; do echo $((16#$h)); done
-  done
-}
-
-# pick_ports N: N distinct free TCP ports in 10000..31999, below Linux's
-# ephemeral range, so no outgoing connection takes one before bind().
-pick_ports() {
-  local n=$1 used out=" " p
-  used=" $(used_ports | sort -u | tr '\n' ' ') "
-  while (($(wc -w <<<"$out") < n)); do
-    p=$((10000 + (RANDOM * 32768 + RANDOM) % 22000))
-    [[ $used == *" $p "* || $out == *" $p "* ]] && continue
-    out+="$p "
-  done
-  echo $out
-}
+# used_ports, pick_ports N (tests/lib/ports.sh).
+# shellcheck source=../lib/ports.sh
+source "$HERE/../lib/ports.sh"
 
 # ----------------------------------------------------------------- certs ---
 
@@ -403,7 +384,9 @@ cluster_up() {
   PKI=$DIR/pki
   SERVICE_IP=10.0.0.1
   PAUSE_IMAGE=registry.k8s.io/pause:nvts
-  read -r ETCD_PORT ETCD_PEER_PORT API_PORT KUBELET_PORT <<<"$(pick_ports 4)"
+  local ports
+  ports=$(pick_ports 4) || die "up: no 4 free TCP ports found"
+  read -r ETCD_PORT ETCD_PEER_PORT API_PORT KUBELET_PORT <<<"$ports"
   echo "etcd=$ETCD_PORT etcd-peer=$ETCD_PEER_PORT apiserver=$API_PORT kubelet=$KUBELET_PORT" >"$DIR/run/ports"
   for b in kubectl ctr; do ln -s "$BIN/$b" "$DIR/bin/$b.real"; done
   # kubectl and ctr that talk to this cluster: whatever KUBECONFIG the caller has.

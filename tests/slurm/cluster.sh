@@ -95,33 +95,9 @@ marked_pids() {
   done
 }
 
-# used_ports: every local TCP port in use, in any state (from /proc, so
-# neither ss nor netstat is needed): an outgoing connection's local port
-# blocks bind() as much as a listener does.
-used_ports() {
-  local f h
-  for f in /proc/net/tcp /proc/net/tcp6; do
-    [[ -r $f ]] || continue
-    awk 'NR > 1 { split($2, a, ":"); print a[2] }' "$f" |
-      while read -r h; do echo $((16#$h)); done
-  done
-}
-
-# pick_ports: two adjacent free TCP ports, random, in 10000..31999: below
-# Linux's ephemeral range (ip_local_port_range, 32768..60999 by default), so
-# no outgoing connection takes them between this pick and bind().
-pick_ports() {
-  local used base lo=10000 hi=32000 range
-  read -r range _ </proc/sys/net/ipv4/ip_local_port_range 2>/dev/null && ((range > lo + 2000 && range < hi)) && hi=$range
-  used=" $(used_ports | sort -u | tr '\n' ' ') "
-  for _ in $(seq 1 200); do
-    base=$((lo + (RANDOM * 32768 + RANDOM) % (hi - lo - 1)))
-    [[ $used == *" $base "* || $used == *" $((base + 1)) "* ]] && continue
-    echo "$base $((base + 1))"
-    return 0
-  done
-  return 1
-}
+# used_ports, pick_ports N (tests/lib/ports.sh).
+# shellcheck source=../lib/ports.sh
+source "${SELF%/*}/../lib/ports.sh"
 
 pidfile_of() { echo "$1/run/$2.pid"; }
 
@@ -500,7 +476,7 @@ cmd_start() {
   local attempt ports ctld_port slurmd_port ok=0 deadline reason="" t_munge=0 t_ctld=0 cluster
   cluster=nvts$((RANDOM % 100000))
   for attempt in 1 2 3; do
-    ports=$(pick_ports) || die "start: no free TCP port pair found"
+    ports=$(pick_ports 2) || die "start: no free TCP port pair found"
     read -r ctld_port slurmd_port <<<"$ports"
     write_config "$dir" "$node" "$cpus" "$shards" "$ctld_port" "$slurmd_port" "$debug" "$cluster"
     write_env "$dir" "$node"
