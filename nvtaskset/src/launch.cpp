@@ -445,12 +445,9 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   // Under MPS a best-effort task is a below-normal priority client and a
   // latency-critical one a normal one: MPS's client priority is a stream
   // priority, by which the GPU prefers the higher-priority work's blocks
-  // when both wait for an SM. On an H100 this took the LC task's p99 next
-  // to GPT-2-medium training from 1.88x to 1.58x of alone at 44 requests/s,
-  // and from 2.45x to 1.74x at 87, at the same training throughput
-  // (docs/runs.md, "MPS client priority"); it did not shorten the wait
-  // behind BE matmuls that hold their SMs for the whole kernel (run 33). The
-  // role decides it: a user's value is replaced (launch() says so). Outside
+  // when both wait for an SM. It shortens an LC task's tail next to
+  // training, though not its wait behind BE kernels that hold their SMs
+  // (docs/design.md, "The numbers, measured"). The role decides it: a user's value is replaced (launch() says so). Outside
   // MPS, contexts time-slice and the priority means nothing.
   if (mps_client && role.role != roles::Role::kNone) set(kClientPriorityEnv, client_priority(role.role));
   // An MPS client's kernels share 2 hardware queues by default, so its

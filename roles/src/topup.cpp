@@ -48,9 +48,9 @@ void TopUp::advance(std::uint64_t now, bool saturated) noexcept {
       timed_alone_ = probe_n_ > 0;
       if (!ever_ran_) {
         // Its first top-up starts at its most, and shrinks to what it needs:
-        // the task is protected first. Grown from none, its first tens of
-        // ms of launches after each stop of the burst were slow, and they
-        // were most of a 4-s closed loop's 2% tail (run 63, docs/runs.md).
+        // the task is protected first (grown from none, its first launches
+        // after each stop were a closed loop's tail: docs/design.md, "The
+        // numbers, measured").
         ever_ran_ = true;
         tpcs_ = max_;
       }
@@ -81,10 +81,8 @@ void TopUp::advance(std::uint64_t now, bool saturated) noexcept {
   // Growing comes as soon as two of min_samples timed launches are slow, shrinking
   // only after shrink_after whole windows: the task is protected first, and
   // the top-up does not swing. After each stop of the burst the task starts on the
-  // top-up it last had, or none; a window of 100 ms at the wrong size is
-  // about 12 of GPT-2's requests, 1.4% of a 4-s closed-loop window, and
-  // was its p99 (run 58: 1.20x of alone on the reservation while the
-  // controller's ratio was 0.89-0.98 once settled).
+  // top-up it last had, or none; a window at the wrong size was a closed
+  // loop's p99 (docs/design.md, "The numbers, measured").
   const bool full = now - decided_at_ >= p_.decide_ns;
   if (n_ < p_.min_samples) {
     if (full && n_ == 0) decided_at_ = now;  // nothing timed: wait a whole window again

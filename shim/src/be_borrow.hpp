@@ -2,10 +2,8 @@
 // Best-effort kernels too long to borrow the reservations
 // (NVTASKSET_BE_BORROW_US).
 // While every LC task is idle a BE kernel borrows the reservations, and an
-// LC request arriving then waits on its reservation for it to end
-// (kernel_timer.hpp: GPT-2-medium training's three 2.9-4.4-ms sm75
-// GEMMs put more than 2 ms of BE work in the way of 5-7% of arrivals; H200,
-// run 83). Kernels its own launches timed at the limit or more go on the
+// LC request arriving then waits on its reservation for it to end (how
+// often, measured: docs/design.md, "The numbers, measured"). Kernels its own launches timed at the limit or more go on the
 // floor instead. A launch is timed by two events around it (the start
 // recorded after any gate: the time between them is the kernel's, queued
 // or not), only while every LC task is idle: a kernel with fewer than two

@@ -28,10 +28,9 @@ constexpr unsigned kHostAllocDeviceMap = 0x2; // CU_MEMHOSTALLOC_DEVICEMAP
 //   where the kernel refuses the wait below, every 20 us;
 // - next to LC tasks that need no hold, asleep on their beacons' `wake`
 //   words (at most 2 ms; several at once by futex_waitv, Linux 5.16): a
-//   task wakes it when it turns busy, may burst again or probes. Polling
-//   every 20 us there too cost GPT-2-medium training 6 points next to an
-//   idle LC task on an H200, 4 of 4 rounds (run 95, docs/runs.md, "The
-//   gatekeeper asleep while the LC task is idle");
+//   task wakes it when it turns busy, may burst again or probes (polling
+//   there cost a training next to an idle LC task: docs/design.md, "The
+//   numbers, measured");
 // - with no LC task, every 2 ms.
 constexpr std::uint64_t kGatePollNs = 20'000;
 constexpr std::uint64_t kGateSleepNs = roles::kDefaultGateSleepMs * 1'000'000ull;

@@ -25,15 +25,11 @@
 namespace nvtaskset::roles_shim {
 
 constexpr unsigned kMaxPeers = 16;
-// A best-effort task's queue, in launches. What an LC request waits behind
-// is what the BE task has queued: on an H100 an LC probe waited 0.8 ms (p50)
-// behind a BE that kept 1 launch of 1.5-ms matmuls queued, 5.0 ms behind 16,
-// while the BE ran 625 instead of 656 matmuls/s (bench/yield_time.py --roles,
-// docs/results.md).
+// A best-effort task's queue under the hold, in launches: what an LC request
+// waits behind is what the BE task has queued.
 using roles::kDefaultBeDepth;  // 4 (role_options.hpp)
 // Its queue while on the floor (every busy LC task saturated), in launches:
-// 16 cost the training 3-6% next to an idle LC task where 4 cost 22% (H100,
-// runs 40-41); nothing waits behind them for TPCs.
+// nothing waits behind them for TPCs, so it is deeper.
 using roles::kDefaultBeFloorDepth;  // 16 (role_options.hpp)
 
 struct BeState {

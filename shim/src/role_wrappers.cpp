@@ -129,8 +129,8 @@ using EndFn = CUresult (*)(CUstream, CUgraph*);
 // the controller sees the count and makes no call, or the capture waits for
 // the call to end. Counted after the begin, a controller that had just
 // read no capture could query an event as the capture began, invalidating
-// it (run 60, H200: PyTorch's capture of the LC forward failed in 2 of 3
-// visits, "Offset increment outside graph capture").
+// it, as PyTorch's captures were on an H200 (docs/design.md, "The numbers,
+// measured").
 template <class Begin>
 CUresult begin_capture(Begin begin) noexcept {
   g_captures.fetch_add(1, std::memory_order_seq_cst);
