@@ -64,6 +64,26 @@ class Roles : public E2E {
     }
     return wait_state(lc, "bursting") ? lc : -1;
   }
+  // An LC task on TPCs 0-1 whose first kernel never completes while the
+  // hold file exists, so it is busy for 100 ms in a row: its pid once
+  // saturated (-1, with the failure added, if it does not get there). Its
+  // top-up is off: no reference probes (during which best-effort tasks
+  // hold), and the floor is the partition minus the reservation.
+  long start_saturated_lc(Proc** out) {
+    touch(hold_);
+    Env env = env_;
+    env["NVTASKSET_LC_TOPUP"] = "off";
+    const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", out, false, &env);
+    if (lc <= 0) {
+      ADD_FAILURE() << (*out)->err();
+      return -1;
+    }
+    if (!wait_state(lc, "saturated")) {
+      ADD_FAILURE() << "not saturated";
+      return -1;
+    }
+    return lc;
+  }
   // An LC task on `tpcs` of the Hopper layout (hopper_topology_json,
   // written to `topo`) whose kernels stay "running" (the hold file): its pid
   // once saturated (-1, with the failure added, if it does not get there).

@@ -11,17 +11,9 @@ using namespace roles_e2e;
 // ---- (b) an LC task busy too long stops bursting: BE kernels run on the floor ----------
 
 TEST_F(Roles, SaturatedLatencyCriticalTaskPutsBestEffortOnItsFloor) {
-  touch(hold_);
   Proc* lcp = nullptr;
-  // Without its top-up (and so without the reference probes, during which
-  // best-effort tasks hold): the floor is the partition minus the reservation.
-  Env lc_env = env_;
-  lc_env["NVTASKSET_LC_TOPUP"] = "off";
-  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp, false, &lc_env);
-  ASSERT_GT(lc, 0) << lcp->err();
-  // Busy (its first kernel never completes while the hold file exists)
-  // for 100 ms in a row: saturated.
-  ASSERT_TRUE(wait_state(lc, "saturated"));
+  const long lc = start_saturated_lc(&lcp);
+  ASSERT_GT(lc, 0);
   const nlohmann::json tl = task(lc);
   EXPECT_EQ(tl["controller"]["may_burst"], false) << tl.dump();
   EXPECT_GE(tl["controller"]["saturations"].get<long>(), 1) << tl.dump();
@@ -48,15 +40,11 @@ TEST_F(Roles, SaturatedLatencyCriticalTaskPutsBestEffortOnItsFloor) {
 // task that keeps the GPU busy ... then runs on its reservation next to BE
 // tasks on their floors").
 TEST_F(Roles, SaturatedLatencyCriticalTaskRunsOnItsReservation) {
-  touch(hold_);
   Proc* lcp = nullptr;
   // Without its top-up: its probes time nothing here (its kernel is held),
   // and after the first its top-up is its most (ATopUpWithNothingMeasuredIsItsMost).
-  Env lc_env = env_;
-  lc_env["NVTASKSET_LC_TOPUP"] = "off";
-  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp, false, &lc_env);
-  ASSERT_GT(lc, 0) << lcp->err();
-  ASSERT_TRUE(wait_state(lc, "saturated"));
+  const long lc = start_saturated_lc(&lcp);
+  ASSERT_GT(lc, 0);
   const std::size_t from = records().size();
   const auto recs = records_after(lc, from, 0, 3);
   EXPECT_TRUE(AllOn(recs, on(0x03)));

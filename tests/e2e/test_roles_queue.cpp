@@ -50,13 +50,9 @@ TEST_F(Roles, BestEffortKeepsAtMostDepthLaunchesQueued) {
 // next to a saturated LC task queues all 10 on its floor without a wait; at
 // a floor depth of 4 it waits once 4 are queued.
 TEST_F(Roles, BestEffortOnItsFloorQueuesFloorDepthLaunches) {
-  touch(hold_);
   Proc* lcp = nullptr;
-  Env lc_env = env_;
-  lc_env["NVTASKSET_LC_TOPUP"] = "off";  // no probes: the BE task never holds
-  const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", &lcp, false, &lc_env);
-  ASSERT_GT(lc, 0) << lcp->err();
-  ASSERT_TRUE(wait_state(lc, "saturated"));
+  const long lc = start_saturated_lc(&lcp);  // no probes: the BE task never holds
+  ASSERT_GT(lc, 0);
   Env env = env_;
   env["NVTASKSET_BE_DEPTH"] = "4";
   Proc& deep = start({kCli, "--no-mps", "--best-effort", kLauncher, "--kernels", "10", "--idle-until",
