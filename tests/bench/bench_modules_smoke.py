@@ -3,14 +3,15 @@
 """A CPU smoke of the modules bench/lc_be_mix.py, eval.py and yield_time.py are made of: imports
 each (no torch, no GPU) and runs their pure functions on fabricated data; nothing is timed.
 
-    python3 bench/smoke_bench_modules.py     # prints one line and exits 0, or fails an assert
+    python3 tests/bench/bench_modules_smoke.py     # prints one line and exits 0, or fails an assert
 """
 import os
 import sys
 import tempfile
 import types
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+BENCH = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+sys.path.insert(0, BENCH)
 
 import eval_harness as H  # noqa: E402
 import eval_enforcement  # noqa: E402,F401
@@ -32,7 +33,7 @@ def mix():
     patterns = lc_be_mix.patterns_of(a.rates)
     assert [s.name for s in setups] == ["lc-alone-gpu", "lc-alone-res", "be-alone", "mps"]
     assert [p for p, _ in patterns] == ["closed", "poisson44", "poisson87"]
-    assert driver.HERE == os.path.join(os.path.dirname(os.path.abspath(__file__)), "lc_be_mix.py")
+    assert driver.HERE == os.path.join(BENCH, "lc_be_mix.py")
     # the worker's window with a replay that takes no time, and a closed loop of 0 s: the warm-up only
     calls = []
     w = worker.lc_window(lambda: calls.append(1), {"rate": None, "seconds": 0})
@@ -95,4 +96,4 @@ if __name__ == "__main__":
     mix()
     evaluation()
     yields()
-    print("smoke_bench_modules: lc_be_mix, eval and yield_time modules import and compute as expected")
+    print("bench_modules_smoke: lc_be_mix, eval and yield_time modules import and compute as expected")
