@@ -44,13 +44,17 @@ using planner::Choice;
 using planner::Request;
 using planner::RequestKind;
 
-// The items of a loader list (LD_LIBRARY_PATH, LD_PRELOAD): separated by
-// ':' or ' ', as ld.so reads them; empty items dropped.
-std::vector<std::string> loader_list(std::string_view value) {
+// The separators ld.so splits its lists at (glibc's rtld and dl-load; no
+// escape exists): LD_PRELOAD at ' ' and ':', LD_LIBRARY_PATH at ':' and ';'.
+constexpr std::string_view kPreloadSeparators = " :";
+constexpr std::string_view kLibraryPathSeparators = ":;";
+
+// The items of a loader list, as ld.so reads them; empty items dropped.
+std::vector<std::string> loader_list(std::string_view value, std::string_view separators) {
   std::vector<std::string> out;
   std::string item;
   for (std::size_t i = 0; i <= value.size(); ++i) {
-    if (i < value.size() && value[i] != ':' && value[i] != ' ') {
+    if (i < value.size() && separators.find(value[i]) == std::string_view::npos) {
       item += value[i];
     } else if (!item.empty()) {
       out.push_back(std::move(item));
@@ -58,6 +62,20 @@ std::vector<std::string> loader_list(std::string_view value) {
     }
   }
   return out;
+}
+
+std::string_view separators_of(std::string_view var) {
+  return var == "LD_PRELOAD" ? kPreloadSeparators : kLibraryPathSeparators;
+}
+
+// What LD_PRELOAD names the shim by: its path, or, where the path holds a
+// character LD_PRELOAD splits at, its name, which ld.so looks up in
+// LD_LIBRARY_PATH, where the shim's directory comes first. (A wrapper that
+// replaces LD_LIBRARY_PATH then loses the shim, and --status says the task
+// runs UNPARTITIONED.)
+std::string shim_preload(const std::string& shim_dir) {
+  return shim_dir.find_first_of(kPreloadSeparators) == std::string::npos ? shim_dir + "/libcuda.so.1"
+                                                                        : std::string("libcuda.so.1");
 }
 
 // The MPS daemon inherits our environment. It must never load the shim nor
@@ -69,8 +87,8 @@ void scrub_shim_environment(const std::string& shim_dir) {
     const char* v = std::getenv(var);
     if (!v) continue;
     std::string kept;
-    for (const std::string& item : loader_list(v)) {
-      const bool shim = item == shim_dir || item.rfind(shim_dir + "/", 0) == 0;
+    for (const std::string& item : loader_list(v, separators_of(var))) {
+      const bool shim = item == shim_dir || item.rfind(shim_dir + "/", 0) == 0 || item == shim_preload(shim_dir);
       if (!shim) kept += (kept.empty() ? "" : ":") + item;
     }
     if (kept.empty()) ::unsetenv(var);
@@ -85,7 +103,8 @@ void scrub_shim_environment(const std::string& shim_dir) {
 void refuse_preloaded_driver(const std::vector<std::string>& env) {
   for (const auto& e : env) {
     if (!e.starts_with("LD_PRELOAD=")) continue;
-    for (const std::string& item : loader_list(std::string_view(e).substr(std::strlen("LD_PRELOAD=")))) {
+    for (const std::string& item :
+         loader_list(std::string_view(e).substr(std::strlen("LD_PRELOAD=")), kPreloadSeparators)) {
       // A bare name is searched like any library, and finds the shim first.
       // A path is judged by what the file is (its DT_SONAME), not its name:
       // a symlink or renamed copy of the driver is the driver.
@@ -252,6 +271,11 @@ int launch(const Options& o, const Requests& rq, const std::vector<std::string>&
   if (shim_dir.empty())
     throw Failure("cannot find the shim libcuda.so.1 (looked in ../" NVTASKSET_SHIM_RELDIR
                   " next to nvtaskset; set NVTASKSET_SHIM_DIR)");
+  // LD_LIBRARY_PATH cannot name a directory that holds one of its
+  // separators: the task would find the real driver and run on all TPCs.
+  if (shim_dir.find_first_of(kLibraryPathSeparators) != std::string::npos)
+    throw Failure("nvtaskset's shim directory " + printable(shim_dir, 200) +
+                  " holds a ':' or ';', which LD_LIBRARY_PATH cannot name; install nvtaskset under a path without them");
   refuse_preloaded_driver(env);
   // Whom the MPS server serves is asked now and read once the partition is
   // planned: the control program's run overlaps the planning (which hid most
@@ -422,9 +446,10 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   // preloaded shim registers the soname libcuda.so.1, so the program's own
   // libcuda.so.1 (linked or dlopen()ed) is the shim; in a process that never
   // calls the driver it does nothing (shim.cpp, shim_constructor).
-  const std::string shim = shim_dir + "/libcuda.so.1";
+  const std::string shim = shim_preload(shim_dir);
   if (std::string* e = find("LD_PRELOAD"); e && e->size() > std::strlen("LD_PRELOAD=")) {
-    const std::vector<std::string> items = loader_list(std::string_view(*e).substr(std::strlen("LD_PRELOAD=")));
+    const std::vector<std::string> items =
+        loader_list(std::string_view(*e).substr(std::strlen("LD_PRELOAD=")), kPreloadSeparators);
     if (std::find(items.begin(), items.end(), shim) == items.end())
       *e = "LD_PRELOAD=" + shim + ":" + e->substr(std::strlen("LD_PRELOAD="));
   } else {

@@ -135,6 +135,18 @@ class E2E : public ::testing::Test {
 
   std::string path(const std::string& name) const { return dir_ + "/" + name; }
 
+  // `lib` as LD_PRELOAD can name it: ld.so splits LD_PRELOAD at ' ' and ':'
+  // with no escape, so a library under a path that holds one (a checkout at
+  // such a path) is named by a link of the same name in this test's
+  // directory.
+  std::string preloadable(const std::string& lib) const {
+    if (lib.find_first_of(" :") == std::string::npos) return lib;
+    const std::string link = path("preload." + fs::path(lib).filename().string());
+    std::error_code ec;
+    if (!fs::is_symlink(link, ec)) fs::create_symlink(lib, link);
+    return link;
+  }
+
   // The CLI, its shim, the stand-in driver and the launchers, copied into this
   // test's directory for the tests that run them as a second user: the build
   // tree may sit where no other user can open a file (a checkout under

@@ -59,7 +59,7 @@ TEST_F(Bypass, SetGidProgramIsRefusedBeforeItStarts) {
   // The hole: started as nvtaskset would start it, it never loads the shim.
   Env direct = env_;
   direct["LD_LIBRARY_PATH"] = shim_dir();
-  direct["LD_PRELOAD"] = kShim;
+  direct["LD_PRELOAD"] = preloadable(kShim);
   direct["NVTASKSET_PARTITION"] = "any,0x1,0x0,0x1,0x0";
   ASSERT_TRUE(ExitedWith(run({prog, "--kernels", "1"}, direct), 0));
   ASSERT_EQ(records().size(), 1u);
@@ -146,6 +146,30 @@ TEST_F(Bypass, FileCapabilitiesAreRefusedForAnUnprivilegedUser) {
 class ReplacedLibraryPath : public Bypass, public ::testing::WithParamInterface<std::string> {};
 
 TEST_P(ReplacedLibraryPath, KeepsTheShim) {
+  if (shim_dir().find(' ') != npos) {
+    // LD_PRELOAD cannot name a shim under a path with a space, so nvtaskset
+    // preloads it by name, which the replaced LD_LIBRARY_PATH no longer
+    // finds: the task runs on all TPCs, and --status must say so.
+    const std::string until = path("until"), ready = path("ready");
+    Proc& p = start({kCli, "--no-mps", "-t", "0-3", "sh", "-c",
+                     "export LD_LIBRARY_PATH=/usr/local/cuda/lib64; exec \"$0\" --until-file \"$1\" --interval-ms 5 "
+                     "--ready-file \"$2\"",
+                     GetParam(), until, ready});
+    const long pid = wait_ready(ready, p);
+    ASSERT_GT(pid, 0) << p.err();
+    const auto recs = records_of(pid);
+    ASSERT_FALSE(recs.empty());
+    EXPECT_EQ(recs.back().mask, "0x0");
+    const Result st = run({kCli, "--status", "--json"});
+    ASSERT_TRUE(ExitedWith(st, 0)) << st;
+    bool shown = false;
+    for (const auto& t : nlohmann::json::parse(st.out)["tasks"])
+      shown = shown || (t["pid"].get<long>() == pid && t["partitioned"] == false);
+    EXPECT_TRUE(shown) << st.out;
+    touch(until);
+    EXPECT_TRUE(ExitedWith(p.wait(), 0));
+    return;
+  }
   // exec'd by the wrapper (same process), and started as its child.
   for (const std::string how : {"exec \"$0\" --kernels 2", "\"$0\" --kernels 2"}) {
     ::unlink(record_.c_str());
@@ -200,7 +224,7 @@ TEST_F(Bypass, DriverPreloadedUnderAnotherNameIsRefused) {
   }
   // The shim itself may be preloaded (it carries nvtaskset's note).
   Env env = env_;
-  env["LD_PRELOAD"] = kShim;
+  env["LD_PRELOAD"] = preloadable(kShim);
   env["ASAN_OPTIONS"] = "verify_asan_link_order=0";
   const Result r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--kernels", "1"}, env);
   ASSERT_TRUE(ExitedWith(r, 0)) << r;

@@ -131,16 +131,17 @@ TEST_F(E2E, PreloadedRealDriverIsRefused) {
   // The driver in LD_PRELOAD would be loaded instead of the shim: every
   // kernel on all TPCs. Refused before anything runs.
   Env env = env_;
-  env["LD_PRELOAD"] = kFake;
+  const std::string driver = preloadable(kFake);
+  env["LD_PRELOAD"] = driver;
   // In the sanitizer build the CLI carries ASan, which otherwise refuses to
   // start with anything preloaded before its runtime.
   env["ASAN_OPTIONS"] = "verify_asan_link_order=0";
   Result r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--kernels", "2"}, env);
   EXPECT_TRUE(FailedWithOneLine(r)) << r;
-  EXPECT_NE(r.err.find("LD_PRELOAD names the CUDA driver (" + kFake + ")"), std::string::npos) << r;
+  EXPECT_NE(r.err.find("LD_PRELOAD names the CUDA driver (" + driver + ")"), std::string::npos) << r;
   EXPECT_TRUE(records().empty());
   // The shim itself may be preloaded.
-  env["LD_PRELOAD"] = kShim;
+  env["LD_PRELOAD"] = preloadable(kShim);
   r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--kernels", "1"}, env);
   EXPECT_TRUE(ExitedWith(r, 0)) << r;
   ASSERT_EQ(records().size(), 1u);

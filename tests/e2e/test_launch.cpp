@@ -189,7 +189,9 @@ TEST_F(E2E, EnvironmentOfTheTask) {
   EXPECT_TRUE(printed_env(r.out, "NVTASKSET_PARTITION").has_value());
   // The shim is preloaded too (a wrapper that replaces LD_LIBRARY_PATH keeps
   // it), and an ASan-instrumented program accepts that.
-  EXPECT_EQ(printed_env(r.out, "LD_PRELOAD").value_or("<unset>"), kShim);
+  // (By name where its path holds a space: ShimUnderAPathWithASpace.)
+  const std::string preload = shim_dir().find(' ') == std::string::npos ? kShim : "libcuda.so.1";
+  EXPECT_EQ(printed_env(r.out, "LD_PRELOAD").value_or("<unset>"), preload);
   EXPECT_EQ(printed_env(r.out, "ASAN_OPTIONS").value_or("<unset>"), "verify_asan_link_order=0");
 
   Env env = env_;
@@ -198,7 +200,7 @@ TEST_F(E2E, EnvironmentOfTheTask) {
   env["LD_PRELOAD"] = "libuser.so";
   env["ASAN_OPTIONS"] = "detect_leaks=0";
   r = launch(env);
-  EXPECT_EQ(printed_env(r.out, "LD_PRELOAD").value_or("<unset>"), kShim + ":libuser.so");
+  EXPECT_EQ(printed_env(r.out, "LD_PRELOAD").value_or("<unset>"), preload + ":libuser.so");
   EXPECT_EQ(printed_env(r.out, "ASAN_OPTIONS").value_or("<unset>"), "detect_leaks=0:verify_asan_link_order=0");
   ASSERT_TRUE(ExitedWith(r, 0));
   EXPECT_EQ(printed_env(r.out, "CUDA_DEVICE_MAX_CONNECTIONS").value_or("<unset>"), "4");
@@ -207,6 +209,43 @@ TEST_F(E2E, EnvironmentOfTheTask) {
   EXPECT_TRUE(shim_first(*ldp)) << *ldp;
   EXPECT_TRUE(ldp->ends_with(":/opt/user/lib:/opt/other")) << *ldp;
   EXPECT_EQ(std::count(ldp->begin(), ldp->end(), ':'), 2) << *ldp;
+}
+
+// ld.so splits LD_PRELOAD at ' ' and ':' and LD_LIBRARY_PATH at ':' and ';',
+// with no escape. A shim under a path with a space is preloaded by name,
+// which LD_LIBRARY_PATH, where its directory comes first, resolves; one
+// under a path with a ':' or ';' cannot be named at all: refused, since the
+// task would find the real driver and run on all TPCs.
+TEST_F(E2E, ShimUnderAPathWithASpace) {
+  const std::string spaced = path("shim dir");
+  fs::create_directory(spaced);
+  fs::copy_file(kShim, spaced + "/libcuda.so.1");
+  Env env = env_;
+  env["NVTASKSET_SHIM_DIR"] = spaced;
+  Result r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--kernels", "2", "--print-env", "LD_PRELOAD",
+                  "--print-env", "LD_LIBRARY_PATH"},
+                 env);
+  ASSERT_TRUE(ExitedWith(r, 0)) << r;
+  EXPECT_EQ(r.err, "");
+  EXPECT_EQ(printed_env(r.out, "LD_PRELOAD").value_or("<unset>"), "libcuda.so.1");
+  EXPECT_EQ(printed_env(r.out, "LD_LIBRARY_PATH").value_or("<unset>"), spaced);
+  const auto recs = records_of(printed_pid(r.out));
+  ASSERT_EQ(recs.size(), 2u);
+  for (const auto& rec : recs) EXPECT_EQ(rec.mask, disable64(0xf)) << rec;
+
+  for (const std::string name : {"shim:dir", "shim;dir"}) {
+    ::unlink(record_.c_str());
+    const std::string bad = path(name);
+    fs::create_directory(bad);
+    fs::copy_file(kShim, bad + "/libcuda.so.1");
+    env["NVTASKSET_SHIM_DIR"] = bad;
+    r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--kernels", "1"}, env);
+    EXPECT_TRUE(FailedWithOneLine(r)) << r;
+    EXPECT_NE(r.err.find("nvtaskset's shim directory " + bad + " holds a ':' or ';', which LD_LIBRARY_PATH cannot name"),
+              std::string::npos)
+        << r;
+    EXPECT_FALSE(exists(record_)) << name;
+  }
 }
 
 TEST_F(E2E, ExitStatusIsTheCommands) {
