@@ -65,16 +65,29 @@ func ContainerEnv(env []string) []string {
 	return out
 }
 
-// ShimDir is the directory of the shim the CLI preloads (LD_PRELOAD's
-// libcuda.so.1), which every share's container mounts read-only.
+// ShimDir is the directory of the shim the CLI preloads, which every share's
+// container mounts read-only: LD_PRELOAD's path of libcuda.so.1, or, where
+// the CLI preloads it by name (its path holds a character LD_PRELOAD splits
+// at), the first directory of LD_LIBRARY_PATH, where the CLI puts it.
 func ShimDir(env []string) (string, error) {
+	var preload, libraryPath string
 	for _, kv := range env {
 		if v, ok := strings.CutPrefix(kv, "LD_PRELOAD="); ok {
-			for _, p := range strings.FieldsFunc(v, func(r rune) bool { return r == ':' || r == ' ' }) {
-				if filepath.Base(p) == "libcuda.so.1" && filepath.IsAbs(p) {
-					return filepath.Dir(p), nil
-				}
+			preload = v
+		} else if v, ok := strings.CutPrefix(kv, "LD_LIBRARY_PATH="); ok {
+			libraryPath = v
+		}
+	}
+	for _, p := range strings.FieldsFunc(preload, func(r rune) bool { return r == ':' || r == ' ' }) {
+		if p == "libcuda.so.1" {
+			dirs := strings.FieldsFunc(libraryPath, func(r rune) bool { return r == ':' || r == ';' })
+			if len(dirs) > 0 && filepath.IsAbs(dirs[0]) {
+				return dirs[0], nil
 			}
+			break
+		}
+		if filepath.Base(p) == "libcuda.so.1" && filepath.IsAbs(p) {
+			return filepath.Dir(p), nil
 		}
 	}
 	return "", fmt.Errorf("nvtaskset --env-for set no LD_PRELOAD of the shim libcuda.so.1")

@@ -24,11 +24,20 @@ func TestContainerEnv(t *testing.T) {
 }
 
 func TestShimDir(t *testing.T) {
-	d, err := ShimDir([]string{"A=1", "LD_PRELOAD=/x/lib/nvtaskset/libcuda.so.1:/other/lib.so"})
-	if err != nil || d != "/x/lib/nvtaskset" {
-		t.Fatalf("ShimDir = %q, %v", d, err)
+	for _, tc := range []struct {
+		env  []string
+		want string
+	}{
+		{[]string{"A=1", "LD_PRELOAD=/x/lib/nvtaskset/libcuda.so.1:/other/lib.so"}, "/x/lib/nvtaskset"},
+		// Preloaded by name: its directory holds a space.
+		{[]string{"LD_LIBRARY_PATH=/x y/lib/nvtaskset:/usr/lib", "LD_PRELOAD=libcuda.so.1"}, "/x y/lib/nvtaskset"},
+	} {
+		if d, err := ShimDir(tc.env); err != nil || d != tc.want {
+			t.Errorf("ShimDir(%q) = %q, %v; want %q", tc.env, d, err, tc.want)
+		}
 	}
-	for _, env := range [][]string{{"A=1"}, {"LD_PRELOAD=libcuda.so.1"}, {"LD_PRELOAD=/x/other.so"}} {
+	for _, env := range [][]string{{"A=1"}, {"LD_PRELOAD=libcuda.so.1"}, {"LD_PRELOAD=/x/other.so"},
+		{"LD_LIBRARY_PATH=lib", "LD_PRELOAD=libcuda.so.1"}} {
 		if d, err := ShimDir(env); err == nil {
 			t.Errorf("ShimDir(%q) = %q, want an error", env, d)
 		}

@@ -29,11 +29,14 @@ func image(t *testing.T, n *node) string {
 		if err != nil {
 			t.Fatalf("ldd %s: %v", bin, err)
 		}
+		// "name => /path (0x...)" or "/path (0x...)": the path may hold spaces.
 		for _, l := range strings.Split(string(out), "\n") {
-			for _, f := range strings.Fields(l) {
-				if strings.HasPrefix(f, "/") {
-					libs[f] = true
-				}
+			l = strings.TrimSpace(l)
+			if _, after, ok := strings.Cut(l, "=> "); ok {
+				l = after
+			}
+			if i := strings.LastIndex(l, " (0x"); i > 0 && strings.HasPrefix(l, "/") {
+				libs[l[:i]] = true
 			}
 		}
 	}
