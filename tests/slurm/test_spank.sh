@@ -326,7 +326,16 @@ echo "required $PLUGIN no-mps nvtaskset=$NV" >"$NVTS_SLURM_PLUGSTACK"
 #    NVTASKSET_GPU_TPCS or the shards set each task's TPCs; a bad count fails
 #    the task and srun, and the program never runs.
 : >"$NVTS_SLURM_PLUGSTACK"
-echo "TaskProlog=$(readlink -f "$HERE/../../slurm/task_prolog.sh")" >>"$SLURM_CONF"
+# The checkout may sit at a path with spaces ("/tmp/a b"): slurm.conf takes
+# it quoted (conf_value); one it cannot hold at all is run from a copy in T.
+# shellcheck source=slurm_conf.sh
+source "$HERE/slurm_conf.sh"
+prolog=$(readlink -f "$HERE/../../slurm/task_prolog.sh")
+if ! prolog_value=$(conf_value "$prolog"); then
+  cp "$prolog" "$T/bin/task_prolog.sh" && chmod 755 "$T/bin/task_prolog.sh"
+  prolog_value=$T/bin/task_prolog.sh
+fi
+echo "TaskProlog=$prolog_value" >>"$SLURM_CONF"
 if scontrol reconfigure && wait_for 10 sh -c 'scontrol show config | grep -q "^TaskProlog .*task_prolog.sh"'; then
   export NVTASKSET=$NV NVTASKSET_SLURM_NO_MPS=1
   NVTASKSET_GPU_TPCS=8 srun "$L" >"$T/o9" 2>"$T/e9" </dev/null
