@@ -138,6 +138,17 @@ pass "cluster up in $(cat "$DIR/run/start_ms") ms from the bundle: $(sinfo -h -N
 unset LD_PRELOAD CUDA_VISIBLE_DEVICES CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 [[ -n ${STANDIN_LAUNCHER:-} ]] || unset LD_LIBRARY_PATH
 export NVTASKSET_STATUS_DIR=$W/status # private: only this check's partitions
+# plugstack.conf splits its lines at whitespace, quoted or not: a plugin or
+# nvtaskset at a path with spaces (a checkout at "/tmp/a b") is run from a
+# copy in DIR (nvtaskset finds its shim at ../lib/nvtaskset).
+if [[ $PLUGIN$NV =~ [[:space:]] ]]; then
+  mkdir -p "$DIR/nvt/bin" "$DIR/nvt/lib/nvtaskset" "$DIR/nvt/lib/slurm" &&
+    cp "$NV" "$DIR/nvt/bin/nvtaskset" && cp "$NVT/lib/nvtaskset/libcuda.so.1" "$DIR/nvt/lib/nvtaskset/libcuda.so.1" &&
+    cp "$PLUGIN" "$DIR/nvt/lib/slurm/spank_nvtaskset.so" && chmod -R a+rX "$DIR/nvt" ||
+    { fail "copying nvtaskset and the plugin from $NVT into $DIR/nvt"; exit 1; }
+  say "$NVT's path has whitespace: nvtaskset and the plugin run from copies in $DIR/nvt"
+  NV=$DIR/nvt/bin/nvtaskset PLUGIN=$DIR/nvt/lib/slurm/spank_nvtaskset.so
+fi
 echo "required $PLUGIN no-mps nvtaskset=$NV" >"$NVTS_SLURM_PLUGSTACK"
 say "plugstack.conf: $(cat "$NVTS_SLURM_PLUGSTACK")"
 
