@@ -65,10 +65,13 @@ grep -q "nvtaskset: started the MPS control daemon" "$T/log.txt" || fail "the co
 # child that writes down its queue settings: the two untimed warm-ups (plain,
 # --no-mps) and, per round, the start of MPS and mps-client run with
 # neither; nvt-warm and mps-client-q with 8 and 2.
+# (Paths single-quoted for sh, so any checkout path, "/tmp/a b" or one with
+# a quote or a "$", reads back whole.)
+sq() { printf "'%s'" "${1//\'/\'\\\'\'}"; }
 cat >"$T/child.sh" <<EOS
 #!/bin/sh
-echo "\${CUDA_DEVICE_MAX_CONNECTIONS-}/\${CUDA_DEVICE_MAX_COPY_CONNECTIONS-}" >>"$T/queues.txt"
-exec "$CHILD"
+echo "\${CUDA_DEVICE_MAX_CONNECTIONS-}/\${CUDA_DEVICE_MAX_COPY_CONNECTIONS-}" >>$(sq "$T/queues.txt")
+exec $(sq "$CHILD")
 EOS
 chmod +x "$T/child.sh"
 rc=0

@@ -521,9 +521,10 @@ start_watchdog() {
 }
 
 print_env() {
-  echo "export NVTS_K8S_DIR=$1"
-  echo "export KUBECONFIG=$1/admin.kubeconfig"
-  echo "export PATH=$1/bin:\$PATH"
+  # %q: read back whole by the shell that evals them, whatever DIR holds.
+  printf 'export NVTS_K8S_DIR=%q\n' "$1"
+  printf 'export KUBECONFIG=%q\n' "$1/admin.kubeconfig"
+  printf 'export PATH=%q:"$PATH"\n' "$1/bin"
 }
 
 # ----------------------------------------------------------------- down ---

@@ -109,10 +109,13 @@ mkdir -p "$R/bin" "$R/tmp"
 cp /bin/busybox "$R/bin/busybox"
 for a in sh cat sleep ls id env; do ln -s busybox "$R/bin/$a"; done
 cp "$LAUNCHER" "$R/bin/launcher"
-for lib in $(ldd "$LAUNCHER" "$BUILD/lib/nvtaskset/libcuda.so.1" | awk '/=> \// {print $3} /^\t\/lib/ {print $1}' | sort -u); do
-  [[ $lib == */libcuda.so.1 ]] && continue
+# One path a line, whole: the build tree's own libcuda.so.1 (the launcher's
+# RUNPATH) may sit at a path with spaces (a checkout at "/tmp/a b").
+while IFS= read -r lib; do
+  [[ -z $lib || $lib == */libcuda.so.1 ]] && continue
   mkdir -p "$R$(dirname "$lib")" && cp -L "$lib" "$R$lib"
-done
+done < <(ldd "$LAUNCHER" "$BUILD/lib/nvtaskset/libcuda.so.1" | sed -n -e 's/^.* => \(\/.*\) (0x[0-9a-f]*)$/\1/p' \
+  -e 's/^\t\(\/lib.*\) (0x[0-9a-f]*)$/\1/p' | sort -u)
 mkdir -p "$R/lib64" && cp -L /lib64/ld-linux-x86-64.so.2 "$R/lib64/"
 IMAGE=nvts.test/launcher:local
 "$CLUSTER" image "$DIR" "$IMAGE" "$R" /bin/launcher && pass "the test image is imported into containerd" ||
