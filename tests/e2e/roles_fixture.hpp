@@ -64,16 +64,15 @@ class Roles : public E2E {
     }
     return wait_state(lc, "bursting") ? lc : -1;
   }
-  // An LC task on TPCs 0-1 whose first kernel never completes while the
-  // hold file exists, so it is busy for 100 ms in a row: its pid once
-  // saturated (-1, with the failure added, if it does not get there). Its
-  // top-up is off: no reference probes (during which best-effort tasks
-  // hold), and the floor is the partition minus the reservation.
-  long start_saturated_lc(Proc** out) {
+  // An LC task with `args` whose kernels stay "running" (the hold file), so
+  // it is busy for 100 ms in a row: its pid once saturated (-1, with the
+  // failure added, if it does not get there). `extra` goes into its
+  // environment.
+  long start_saturated(const std::vector<std::string>& args, const Env& extra, Proc** out) {
     touch(hold_);
     Env env = env_;
-    env["NVTASKSET_LC_TOPUP"] = "off";
-    const long lc = start_task({"-t", "0-1", "--latency-critical"}, "lc", out, false, &env);
+    for (const auto& [k, v] : extra) env[k] = v;
+    const long lc = start_task(args, "lc", out, false, &env);
     if (lc <= 0) {
       ADD_FAILURE() << (*out)->err();
       return -1;
@@ -84,26 +83,18 @@ class Roles : public E2E {
     }
     return lc;
   }
-  // An LC task on `tpcs` of the Hopper layout (hopper_topology_json,
-  // written to `topo`) whose kernels stay "running" (the hold file): its pid
-  // once saturated (-1, with the failure added, if it does not get there).
-  // `extra` goes into its environment.
+  // A saturated LC task on TPCs 0-1, its top-up off: no reference probes
+  // (during which best-effort tasks hold), and the floor is the partition
+  // minus the reservation.
+  long start_saturated_lc(Proc** out) {
+    return start_saturated({"-t", "0-1", "--latency-critical"}, {{"NVTASKSET_LC_TOPUP", "off"}}, out);
+  }
+  // A saturated LC task on `tpcs` of the Hopper layout (hopper_topology_json,
+  // written to `topo`).
   long start_saturated_hopper_lc(const std::string& tpcs, const std::string& topo, const Env& extra, Proc** out) {
     env_["FAKECUDA_CC"] = "9.0";
     std::ofstream(topo) << hopper_topology_json();
-    touch(hold_);
-    Env env = env_;
-    for (const auto& [k, v] : extra) env[k] = v;
-    const long lc = start_task({"--topology-file", topo, "-t", tpcs, "--latency-critical"}, "lc", out, false, &env);
-    if (lc <= 0) {
-      ADD_FAILURE() << (*out)->err();
-      return -1;
-    }
-    if (!wait_state(lc, "saturated")) {
-      ADD_FAILURE() << "not saturated";
-      return -1;
-    }
-    return lc;
+    return start_saturated({"--topology-file", topo, "-t", tpcs, "--latency-critical"}, extra, out);
   }
   // An LC task on TPCs 0-1 that launched once and is idle; from then on
   // every kernel launched keeps "running" (the hold file), so a BE task's
