@@ -163,7 +163,8 @@ TEST_P(ReplacedLibraryPath, KeepsTheShim) {
     const Result st = run({kCli, "--status", "--json"});
     ASSERT_TRUE(ExitedWith(st, 0)) << st;
     bool shown = false;
-    for (const auto& t : nlohmann::json::parse(st.out)["tasks"])
+    const auto j = nlohmann::json::parse(st.out);
+    for (const auto& t : j["tasks"])
       shown = shown || (t["pid"].get<long>() == pid && t["partitioned"] == false);
     EXPECT_TRUE(shown) << st.out;
     touch(until);

@@ -179,8 +179,9 @@ TEST_F(E2E, AnotherUserCanNeitherTakeOverNorSteerATask) {
   // PID, mode 0666, with a valid header. Then it tries to repartition.
   const std::string until = path("until"), ready = path("ready"), go = path("go");
   Proc& p = start({"sh", "-c",
-                   "while [ ! -e " + go + " ]; do sleep 0.01; done; exec " + kCli + " --no-mps -t 0-3 " + kLauncher +
-                       " --until-file " + until + " --interval-ms 5 --ready-file " + ready});
+                   "while [ ! -e \"$1\" ]; do sleep 0.01; done; exec \"$0\" --no-mps -t 0-3 \"$2\" --until-file \"$3\" "
+                   "--interval-ms 5 --ready-file \"$4\"",
+                   kCli, go, kLauncher, until, ready});
   const std::string planted = "/dev/shm/nvtaskset." + std::to_string(p.pid);
   const Result plant = run(as_user(*other, {"sh", "-c", "umask 0; head -c 4096 /dev/zero > " + planted}));
   ASSERT_TRUE(ExitedWith(plant, 0)) << plant;

@@ -312,7 +312,7 @@ TEST_F(Roles, RoleSetsTheMpsClientPriority) {
   r = launch({"--no-mps", "--best-effort"}, env);
   ASSERT_TRUE(ExitedWith(r, 0)) << r;
   EXPECT_EQ(printed_env(r.out, prio).value_or("<unset>"), "<unset>") << r;
-  Proc& q = start({"sh", "-c", "echo quit | " + kFakeMps}, env);
+  Proc& q = start({"sh", "-c", "echo quit | \"$0\"", kFakeMps}, env);
   q.wait();
 }
 

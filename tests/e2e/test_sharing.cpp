@@ -428,7 +428,7 @@ TEST_F(E2E, EnvironmentOfAnMpsClient) {
   EXPECT_TRUE(ExitedWith(r, 0)) << r;
   EXPECT_EQ(printed_env(r.out, conn).value_or("<unset>"), "8") << r;
   EXPECT_EQ(printed_env(r.out, copy).value_or("<unset>"), "1") << r;
-  Proc& q = start({"sh", "-c", "echo quit | " + kFakeMps}, env);
+  Proc& q = start({"sh", "-c", "echo quit | \"$0\"", kFakeMps}, env);
   q.wait();
 }
 
@@ -467,12 +467,12 @@ TEST_F(E2E, AnotherUsersMpsServerIsNamedNeverWaitedForSilently) {
       << st;
   // Our own user's server is no reason to warn.
   env["FAKE_MPS_SERVERS"] = std::to_string(::getpid()) + ":1";
-  Proc& q = start({"sh", "-c", "echo quit | " + kFakeMps}, env);
+  Proc& q = start({"sh", "-c", "echo quit | \"$0\"", kFakeMps}, env);
   q.wait();
   env.erase("NVTASKSET_MPS_OTHER_USER");
   r = run({kCli, "-t", "0-1", "touch", marker}, env);
   EXPECT_TRUE(ExitedWith(r, 0)) << r;
   EXPECT_EQ(r.err.find("serves user"), std::string::npos) << r;
-  Proc& q2 = start({"sh", "-c", "echo quit | " + kFakeMps}, env);
+  Proc& q2 = start({"sh", "-c", "echo quit | \"$0\"", kFakeMps}, env);
   q2.wait();
 }

@@ -231,7 +231,7 @@ TEST_F(TrustFiles, AnMpsPipeDirectoryOthersControlIsNeverUsed) {
     EXPECT_NE(r.err.find(roots + "/control is owned by uid " + std::to_string(other->first)), std::string::npos) << r;
     EXPECT_FALSE(exists(marker));
     // Their daemon also ends by itself once idle (FAKE_MPS_IDLE_MS).
-    run(as_user(*other, {"sh", "-c", "echo quit | " + kFakeMps}), theirs);
+    run(as_user(*other, {"sh", "-c", "echo quit | \"$0\"", kFakeMps}), theirs);
   }
   const std::string pipe = path("mps-shared");
   ASSERT_EQ(::mkdir(pipe.c_str(), 0755), 0);
@@ -262,7 +262,7 @@ TEST_F(TrustFiles, AnMpsPipeDirectoryOthersControlIsNeverUsed) {
   EXPECT_EQ(r.out.find("mps: server"), std::string::npos) << r;
   EXPECT_EQ(read_file(pipe + "/log/control.log").find("get_server_list"), std::string::npos)
       << "the daemon was asked: " << read_file(pipe + "/log/control.log");
-  run(as_user(*other, {"sh", "-c", "echo quit | " + kFakeMps}), theirs);
+  run(as_user(*other, {"sh", "-c", "echo quit | \"$0\"", kFakeMps}), theirs);
 }
 
 // A daemon that answers slowly (a fake one answered each get_client_list
@@ -287,7 +287,7 @@ TEST_F(TrustFiles, ASlowMpsDaemonDelaysStatusABoundedTotal) {
   EXPECT_TRUE(ExitedWith(r, 0)) << r;
   EXPECT_LT(took, 4s) << r;
   EXPECT_NE(r.err.find("did not answer get_client_list within 500 ms"), std::string::npos) << r;
-  run({"sh", "-c", "echo quit | " + kFakeMps});
+  run({"sh", "-c", "echo quit | \"$0\"", kFakeMps});
 }
 
 // Hole 9: one status entry claiming 999999998 SMs made every user's --status
