@@ -87,8 +87,9 @@ void scrub_shim_environment(const std::string& shim_dir) {
     const char* v = std::getenv(var);
     if (!v) continue;
     std::string kept;
+    const std::string preload = shim_preload(shim_dir);
     for (const std::string& item : loader_list(v, separators_of(var))) {
-      const bool shim = item == shim_dir || item.rfind(shim_dir + "/", 0) == 0 || item == shim_preload(shim_dir);
+      const bool shim = item == shim_dir || item.rfind(shim_dir + "/", 0) == 0 || item == preload;
       if (!shim) kept += (kept.empty() ? "" : ":") + item;
     }
     if (kept.empty()) ::unsetenv(var);
@@ -275,7 +276,8 @@ int launch(const Options& o, const Requests& rq, const std::vector<std::string>&
   // separators: the task would find the real driver and run on all TPCs.
   if (shim_dir.find_first_of(kLibraryPathSeparators) != std::string::npos)
     throw Failure("nvtaskset's shim directory " + printable(shim_dir, 200) +
-                  " holds a ':' or ';', which LD_LIBRARY_PATH cannot name; install nvtaskset under a path without them");
+                  " holds a ':' or ';', which LD_LIBRARY_PATH cannot name; "
+                  "install nvtaskset under a path without them");
   refuse_preloaded_driver(env);
   // Whom the MPS server serves is asked now and read once the partition is
   // planned: the control program's run overlaps the planning (which hid most
@@ -472,8 +474,9 @@ std::vector<std::string> task_environment(std::vector<std::string> env, const st
   // priority, by which the GPU prefers the higher-priority work's blocks
   // when both wait for an SM. It shortens an LC task's tail next to
   // training, though not its wait behind BE kernels that hold their SMs
-  // (docs/design.md, "The numbers, measured"). The role decides it: a user's value is replaced (launch() says so). Outside
-  // MPS, contexts time-slice and the priority means nothing.
+  // (docs/design.md, "The numbers, measured"). The role decides it: a
+  // user's value is replaced (launch() says so). Outside MPS, contexts
+  // time-slice and the priority means nothing.
   if (mps_client && role.role != roles::Role::kNone) set(kClientPriorityEnv, client_priority(role.role));
   // An MPS client's kernels share 2 hardware queues by default, so its
   // streams falsely wait for each other: it gets a plain process's 8 kernel

@@ -3,13 +3,14 @@
 // (NVTASKSET_BE_BORROW_US).
 // While every LC task is idle a BE kernel borrows the reservations, and an
 // LC request arriving then waits on its reservation for it to end (how
-// often, measured: docs/design.md, "The numbers, measured"). Kernels its own launches timed at the limit or more go on the
-// floor instead. A launch is timed by two events around it (the start
-// recorded after any gate: the time between them is the kernel's, queued
-// or not), only while every LC task is idle: a kernel with fewer than two
-// samples, then one launch in 64, at most 4 at a time; their completions
-// are read at later launches (once in 16). No driver call of this while a
-// capture is under way. The same durations space the gates (gate_before).
+// often, measured: docs/design.md, "The numbers, measured"). Kernels its
+// own launches timed at the limit or more go on the floor instead. A launch
+// is timed by two events around it (the start recorded after any gate: the
+// time between them is the kernel's, queued or not), only while every LC
+// task is idle: a kernel with fewer than two samples, then one launch in 64,
+// at most 4 at a time; their completions are read at later launches (once
+// in 16). No driver call of this while a capture is under way. The same
+// durations space the gates (gate_before).
 #pragma once
 
 #include <cstdint>

@@ -142,8 +142,8 @@ class E2E : public ::testing::Test {
   std::string preloadable(const std::string& lib) const {
     if (lib.find_first_of(" :") == std::string::npos) return lib;
     // One link per library: the shim and the stand-in driver are both libcuda.so.1.
-    const std::string link =
-        path("preload." + std::to_string(std::hash<std::string>{}(lib) % 1000000) + "." + fs::path(lib).filename().string());
+    const std::string link = path("preload." + std::to_string(std::hash<std::string>{}(lib) % 1000000) + "." +
+                                  fs::path(lib).filename().string());
     std::error_code ec;
     if (!fs::is_symlink(link, ec)) fs::create_symlink(lib, link);
     return link;

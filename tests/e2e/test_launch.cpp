@@ -241,7 +241,8 @@ TEST_F(E2E, ShimUnderAPathWithASpace) {
     env["NVTASKSET_SHIM_DIR"] = bad;
     r = run({kCli, "--no-mps", "-t", "0-3", kLauncher, "--kernels", "1"}, env);
     EXPECT_TRUE(FailedWithOneLine(r)) << r;
-    EXPECT_NE(r.err.find("nvtaskset's shim directory " + bad + " holds a ':' or ';', which LD_LIBRARY_PATH cannot name"),
+    EXPECT_NE(r.err.find("nvtaskset's shim directory " + bad +
+                         " holds a ':' or ';', which LD_LIBRARY_PATH cannot name; install nvtaskset under a path"),
               std::string::npos)
         << r;
     EXPECT_FALSE(exists(record_)) << name;
